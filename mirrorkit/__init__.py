@@ -1,0 +1,49 @@
+"""mirrorkit: synchronous data-parallel training of Keras 3 models on TensorFlow.
+
+Three lines change in a Keras script::
+
+    import mirrorkit as mk
+
+    strategy = mk.strategy()                       # 1. the devices or cluster
+    model = mk.build(make_model, strategy)         # 2. mirrored weights
+    model.fit(mk.distribute(data, global_batch_size=256))  # 3. per-replica input
+
+The public names load lazily: ``import mirrorkit`` does not import TensorFlow,
+so it never fixes TensorFlow's devices and ``mk.strategy(cpu_replicas=N)``
+still works after it.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+__version__ = "0.1.0"
+
+_PUBLIC = {
+    "strategy": "mirrorkit.factory",
+    "build": "mirrorkit.factory",
+    "describe": "mirrorkit.topology",
+    "Topology": "mirrorkit.topology",
+    "is_chief": "mirrorkit.chief",
+    "print": "mirrorkit.chief",
+    "compat": "mirrorkit.compat",
+}
+
+_MODULES = {"compat"}
+
+__all__ = sorted(_PUBLIC) + ["__version__"]
+
+
+def __getattr__(name: str) -> Any:
+    module = _PUBLIC.get(name)
+    if module is None:
+        raise AttributeError(f"module 'mirrorkit' has no attribute {name!r}")
+    loaded = importlib.import_module(module)
+    value = loaded if name in _MODULES else getattr(loaded, name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

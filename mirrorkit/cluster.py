@@ -1,0 +1,191 @@
+"""Which multi-worker cluster this process belongs to: TF_CONFIG and Slurm.
+
+Reads the environment only; never imports TensorFlow, so it is cheap and safe
+before TensorFlow's devices are fixed. Malformed configuration is an error that
+names the field at fault.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from collections.abc import Mapping
+
+#: Job types a TF_CONFIG may name, and those that count as training workers.
+KNOWN_JOBS = ("chief", "worker", "evaluator", "ps")
+TRAINING_JOBS = ("chief", "worker")
+
+
+@dataclasses.dataclass(frozen=True)
+class ClusterInfo:
+    """Where this process sits in a cluster, as the environment describes it.
+
+    Attributes:
+        source: ``"TF_CONFIG"``, ``"slurm"`` or ``"none"``.
+        num_workers: training tasks in the job (chief plus workers); 1 alone.
+        task_type: this task's job type (``"worker"``, ``"chief"``...).
+        task_index: this task's index within its job type.
+        is_chief: whether this task owns the job's side effects.
+        addresses: ``host:port`` of the training tasks, chief first.
+    """
+
+    source: str
+    num_workers: int
+    task_type: str
+    task_index: int
+    is_chief: bool
+    addresses: tuple[str, ...] = ()
+
+    @property
+    def is_multi_worker(self) -> bool:
+        """Whether more than one training task takes part."""
+        return self.num_workers > 1
+
+    @property
+    def worker_index(self) -> int:
+        """This task's rank among training tasks, chief first (0-based)."""
+        if self.source != "TF_CONFIG" or self.task_type == "chief":
+            return self.task_index
+        return self.task_index + (1 if self._has_chief else 0)
+
+    _has_chief: bool = False
+
+
+def parse_tf_config(text: str) -> ClusterInfo:
+    """Parses and validates a TF_CONFIG value.
+
+    Args:
+        text: the JSON text of ``TF_CONFIG``.
+
+    Returns:
+        The `ClusterInfo` it describes.
+
+    Raises:
+        ValueError: naming the field that is missing or malformed.
+
+    Example:
+
+    >>> info = parse_tf_config('{"cluster": {"worker": ["127.0.0.1:2222", '
+    ...     '"127.0.0.1:2223"]}, "task": {"type": "worker", "index": 1}}')
+    >>> info.num_workers, info.task_index, info.is_chief
+    (2, 1, False)
+    """
+    try:
+        config = json.loads(text)
+    except json.JSONDecodeError as err:
+        raise ValueError(f"TF_CONFIG is not valid JSON ({err}); got {text[:200]!r}") from None
+    if not isinstance(config, Mapping):
+        raise ValueError(f"TF_CONFIG must be a JSON object with 'cluster' and 'task'; got {config!r}")
+    spec = config.get("cluster")
+    if not isinstance(spec, Mapping) or not spec:
+        raise ValueError(
+            "TF_CONFIG field 'cluster' must be a non-empty object mapping job names to address "
+            f"lists, e.g. {{\"worker\": [\"host1:2222\", \"host2:2222\"]}}; got {spec!r}"
+        )
+    for job, addresses in spec.items():
+        if job not in KNOWN_JOBS:
+            raise ValueError(
+                f"TF_CONFIG field 'cluster.{job}' names an unknown job type; "
+                f"valid types are {', '.join(KNOWN_JOBS)}"
+            )
+        if not isinstance(addresses, list) or not addresses:
+            raise ValueError(
+                f"TF_CONFIG field 'cluster.{job}' must be a non-empty list of 'host:port' "
+                f"strings; got {addresses!r}"
+            )
+        for i, address in enumerate(addresses):
+            _check_address(address, f"cluster.{job}[{i}]")
+    if spec.get("chief") is not None and len(spec["chief"]) != 1:
+        raise ValueError(
+            f"TF_CONFIG field 'cluster.chief' must list exactly one address; got {spec['chief']!r}"
+        )
+    training = [a for job in TRAINING_JOBS for a in spec.get(job, [])]
+    task = config.get("task")
+    if task is None:
+        if len(training) > 1:
+            raise ValueError(
+                "TF_CONFIG has no field 'task'; every process of a multi-worker job must say "
+                "which task it is, e.g. {\"type\": \"worker\", \"index\": 0}"
+            )
+        task = {"type": next(iter(spec)), "index": 0}
+    if not isinstance(task, Mapping):
+        raise ValueError(f"TF_CONFIG field 'task' must be an object; got {task!r}")
+    task_type = task.get("type")
+    if task_type not in spec:
+        raise ValueError(
+            f"TF_CONFIG field 'task.type' is {task_type!r}, which is not a job in 'cluster' "
+            f"({', '.join(spec)})"
+        )
+    index = task.get("index", 0)
+    if isinstance(index, bool) or not isinstance(index, int):
+        raise ValueError(f"TF_CONFIG field 'task.index' must be an integer; got {index!r}")
+    if not 0 <= index < len(spec[task_type]):
+        raise ValueError(
+            f"TF_CONFIG field 'task.index' is {index}, but 'cluster.{task_type}' has "
+            f"{len(spec[task_type])} address(es): valid indices are 0..{len(spec[task_type]) - 1}"
+        )
+    has_chief = "chief" in spec
+    chief = task_type == "chief" or (not has_chief and task_type == "worker" and index == 0)
+    return ClusterInfo(
+        source="TF_CONFIG",
+        num_workers=max(1, len(training)),
+        task_type=task_type,
+        task_index=index,
+        is_chief=chief,
+        addresses=tuple(training),
+        _has_chief=has_chief,
+    )
+
+
+def _check_address(address: object, field: str) -> None:
+    if not isinstance(address, str) or ":" not in address:
+        raise ValueError(f"TF_CONFIG field '{field}' must be a 'host:port' string; got {address!r}")
+    host, _, port = address.rpartition(":")
+    if not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ValueError(
+            f"TF_CONFIG field '{field}' must be 'host:port' with a port in 1..65535; "
+            f"got {address!r}"
+        )
+
+
+def _slurm_int(env: Mapping[str, str], *names: str) -> int | None:
+    for name in names:
+        value = env.get(name)
+        if value:
+            try:
+                return int(value)
+            except ValueError:
+                raise ValueError(f"Slurm variable {name} must be an integer; got {value!r}") from None
+    return None
+
+
+def from_environment(env: Mapping[str, str] | None = None) -> ClusterInfo:
+    """Describes the cluster named by TF_CONFIG, else by Slurm, else none.
+
+    Args:
+        env: the environment to read; `os.environ` when None.
+
+    Returns:
+        A `ClusterInfo`; a single process reports one worker, index 0, chief.
+
+    Example:
+
+    >>> from_environment({}).num_workers
+    1
+    """
+    env = os.environ if env is None else env
+    text = env.get("TF_CONFIG", "").strip()
+    if text:
+        return parse_tf_config(text)
+    ntasks = _slurm_int(env, "SLURM_STEP_NUM_TASKS", "SLURM_NTASKS")
+    procid = _slurm_int(env, "SLURM_PROCID")
+    if ntasks is not None and ntasks > 1 and procid is not None:
+        return ClusterInfo(
+            source="slurm",
+            num_workers=ntasks,
+            task_type="worker",
+            task_index=procid,
+            is_chief=procid == 0,
+        )
+    return ClusterInfo(source="none", num_workers=1, task_type="worker", task_index=0, is_chief=True)

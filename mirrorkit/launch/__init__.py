@@ -1,0 +1,1 @@
+"""Starting worker processes: `mk.launch` for notebooks, `mirrorkit launch` for scripts."""

@@ -1,0 +1,42 @@
+"""Entry point of a worker process started by `mirrorkit.launch.processes`.
+
+Usage: ``python -m mirrorkit.launch._child PAYLOAD RESULT``. Loads
+``(fn, args)`` from PAYLOAD, calls it, and writes ``("ok", value)`` or
+``("error", traceback)`` to RESULT; exits 1 when the function raised.
+"""
+
+from __future__ import annotations
+
+import sys
+import traceback
+
+import cloudpickle
+
+
+def main(payload: str, result: str) -> int:
+    """Runs the pickled call; returns the process exit code."""
+    try:
+        with open(payload, "rb") as f:
+            fn, args = cloudpickle.load(f)
+        outcome = ("ok", fn(*args))
+        code = 0
+    except BaseException:  # noqa: BLE001 - every failure goes back to the parent
+        text = traceback.format_exc()
+        sys.stderr.write(text)
+        outcome, code = ("error", text), 1
+    sys.stdout.flush()
+    sys.stderr.flush()
+    try:
+        with open(result, "wb") as f:
+            cloudpickle.dump(outcome, f)
+    except Exception:  # noqa: BLE001 - an unpicklable return value is a failure too
+        text = traceback.format_exc()
+        sys.stderr.write(text)
+        with open(result, "wb") as f:
+            cloudpickle.dump(("error", text), f)
+        code = 1
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1], sys.argv[2]))

@@ -1,0 +1,198 @@
+"""Run a Python function in N fresh processes, stream their output, collect results.
+
+The one mechanism under `mk.launch` (notebooks) and the test suite: each
+process is a new interpreter (never a fork, so TensorFlow starts clean and can
+take a new device configuration), the function travels with `cloudpickle`
+(functions defined in a notebook or ``__main__`` included), every output line
+is prefixed with its worker, and the first failure stops the rest.
+"""
+
+from __future__ import annotations
+
+import os
+import selectors
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, TextIO
+
+import cloudpickle
+
+#: How long a worker has to exit after SIGTERM before it is killed.
+TERMINATE_GRACE_S = 5.0
+
+
+class WorkerError(RuntimeError):
+    """A worker process failed; carries its index, exit code and traceback.
+
+    Attributes:
+        worker: the index of the first worker that failed.
+        exit_code: its exit code (negative: killed by that signal).
+        worker_traceback: the traceback it printed, if it raised.
+    """
+
+    def __init__(self, worker: int, exit_code: int, worker_traceback: str = ""):
+        self.worker = worker
+        self.exit_code = exit_code
+        self.worker_traceback = worker_traceback
+        detail = f"\n\nWorker {worker}'s traceback:\n{worker_traceback}" if worker_traceback else ""
+        super().__init__(f"worker {worker} failed with exit code {exit_code}{detail}")
+
+
+def run_function(
+    fn: Callable[..., Any],
+    args: Sequence[Any] = (),
+    *,
+    num_processes: int = 1,
+    env: Callable[[int], Mapping[str, str]] | None = None,
+    timeout_s: float | None = None,
+    stream: TextIO | None = None,
+    prefix: str = "w",
+) -> list[Any]:
+    """Calls ``fn(*args)`` once in each of N fresh Python processes.
+
+    Args:
+        fn: the function; defined anywhere, a notebook cell included.
+        args: positional arguments, the same for every process.
+        num_processes: how many processes to start.
+        env: ``env(i)`` returns extra environment variables for process i.
+        timeout_s: stop every process and raise `TimeoutError` after this long.
+        stream: where output lines go (``[w0] ...``); `sys.stdout` when None.
+        prefix: the label before each process's index in output lines.
+
+    Returns:
+        Each process's return value, in process order.
+
+    Raises:
+        WorkerError: the first process that failed, with its traceback; the
+            others are stopped first.
+        TimeoutError: the processes did not finish in ``timeout_s``.
+
+    Example:
+
+    ```python
+    from mirrorkit.launch.processes import run_function
+
+    def replicas():
+        import mirrorkit as mk
+        return mk.strategy(cpu_replicas=2).num_replicas_in_sync
+
+    assert run_function(replicas) == [2]
+    ```
+    """
+    with tempfile.TemporaryDirectory(prefix="mirrorkit-") as workdir:
+        payload = os.path.join(workdir, "payload.pkl")
+        with open(payload, "wb") as f:
+            cloudpickle.dump((fn, tuple(args)), f)
+        results = [os.path.join(workdir, f"result-{i}.pkl") for i in range(num_processes)]
+        procs = [
+            _start(payload, results[i], dict(env(i)) if env else {})
+            for i in range(num_processes)
+        ]
+        try:
+            failed = _supervise(procs, stream or sys.stdout, prefix, timeout_s)
+        except BaseException:
+            stop(procs)
+            raise
+        if failed is not None:
+            raise WorkerError(failed, procs[failed].returncode, _read_error(results[failed]))
+        return [_read_value(path, i) for i, path in enumerate(results)]
+
+
+def _start(payload: str, result: str, extra_env: Mapping[str, str]) -> subprocess.Popen:
+    env = dict(os.environ)
+    env.update(extra_env)
+    env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    env["PYTHONUNBUFFERED"] = "1"
+    # The child sees the same modules as the caller (tests, a notebook's cwd).
+    paths = [p or os.getcwd() for p in sys.path]
+    env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(paths))
+    return subprocess.Popen(
+        [sys.executable, "-m", "mirrorkit.launch._child", payload, result],
+        env=env,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+
+
+def _supervise(
+    procs: list[subprocess.Popen], stream: TextIO, prefix: str, timeout_s: float | None
+) -> int | None:
+    """Streams output until all exit; returns the first failed index, or None."""
+    deadline = None if timeout_s is None else time.monotonic() + timeout_s
+    selector = selectors.DefaultSelector()
+    for i, proc in enumerate(procs):
+        selector.register(proc.stdout, selectors.EVENT_READ, i)
+    partial = [b""] * len(procs)
+    open_pipes = len(procs)
+    failed = None
+    while open_pipes or any(p.poll() is None for p in procs):
+        if deadline is not None and time.monotonic() > deadline:
+            stop(procs)
+            raise TimeoutError(f"workers did not finish within {timeout_s:g} s; all were stopped")
+        for key, _ in selector.select(timeout=0.2) if open_pipes else []:
+            i = key.data
+            chunk = os.read(key.fileobj.fileno(), 65536)
+            if not chunk:
+                selector.unregister(key.fileobj)
+                open_pipes -= 1
+                chunk = b"\n" if partial[i] else b""
+            lines = (partial[i] + chunk).split(b"\n")
+            partial[i] = lines.pop()
+            for line in lines:
+                stream.write(f"[{prefix}{i}] {line.decode(errors='replace')}\n")
+            stream.flush()
+        if not open_pipes:
+            time.sleep(0.05)
+        if failed is None:
+            for i, proc in enumerate(procs):
+                if proc.poll() not in (None, 0):
+                    failed = i
+                    stop(procs)
+                    break
+    selector.close()
+    return failed
+
+
+def stop(procs: Sequence[subprocess.Popen], grace_s: float = TERMINATE_GRACE_S) -> None:
+    """SIGTERM every live process group, then SIGKILL what is left after `grace_s`."""
+    for proc in procs:
+        _signal_group(proc, signal.SIGTERM)
+    deadline = time.monotonic() + grace_s
+    for proc in procs:
+        try:
+            proc.wait(max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            pass
+    for proc in procs:
+        _signal_group(proc, signal.SIGKILL)
+        proc.wait()
+
+
+def _signal_group(proc: subprocess.Popen, sig: int) -> None:
+    try:
+        os.killpg(proc.pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _read_value(path: str, index: int) -> Any:
+    with open(path, "rb") as f:
+        status, value = cloudpickle.load(f)
+    if status != "ok":
+        raise WorkerError(index, 1, value)
+    return value
+
+
+def _read_error(path: str) -> str:
+    try:
+        with open(path, "rb") as f:
+            status, value = cloudpickle.load(f)
+    except (OSError, EOFError, cloudpickle.pickle.UnpicklingError):
+        return ""
+    return value if status == "error" else ""

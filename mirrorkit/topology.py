@@ -1,0 +1,212 @@
+"""What a strategy spans: `Topology`, `describe()`, and the `auto` rule.
+
+`plan_auto()` decides what ``mk.strategy("auto")`` builds from the environment
+and the physical devices alone, so `mirrorkit info` can say which branch it
+takes and why without building anything.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import html
+import re
+
+import tensorflow as tf
+
+from mirrorkit import allreduce, cluster
+
+
+@dataclasses.dataclass(frozen=True)
+class Topology:
+    """The shape of a distributed job, as one process sees it.
+
+    Attributes:
+        kind: the strategy's class name, e.g. ``MirroredStrategy``.
+        num_workers: processes taking part in training.
+        worker_index: this process's rank among them (0 is the chief unless a
+            ``chief`` task is named).
+        is_chief: whether this process owns printing, files and TensorBoard.
+        num_replicas: replicas in sync across all workers.
+        local_devices: this worker's replica devices, e.g. ``("CPU:0", "CPU:1")``.
+        all_reduce: the all-reduce that averages gradients.
+
+    Example:
+
+    ```python
+    import mirrorkit as mk
+
+    mk.strategy(cpu_replicas=2)
+    print(mk.describe())
+    ```
+    """
+
+    kind: str
+    num_workers: int
+    worker_index: int
+    is_chief: bool
+    num_replicas: int
+    local_devices: tuple[str, ...]
+    all_reduce: str
+
+    @property
+    def replicas_per_worker(self) -> int:
+        """Replicas on this worker."""
+        return len(self.local_devices)
+
+    def summary(self) -> str:
+        """One line, e.g. ``MirroredStrategy, 4 replicas on 1 worker (CPU:0-3), ...``."""
+        workers = f"{self.num_workers} worker{'s' if self.num_workers != 1 else ''}"
+        replicas = f"{self.num_replicas} replica{'s' if self.num_replicas != 1 else ''}"
+        devices = compact_devices(self.local_devices)
+        each = " each" if self.num_workers > 1 else ""
+        return f"{self.kind}, {replicas} on {workers} ({devices}{each}), all-reduce {self.all_reduce}"
+
+    def _rows(self) -> list[tuple[str, str]]:
+        return [
+            ("strategy", self.kind),
+            ("workers", str(self.num_workers)),
+            ("this worker", f"{self.worker_index}{' (chief)' if self.is_chief else ''}"),
+            ("replicas in sync", str(self.num_replicas)),
+            ("local devices", ", ".join(self.local_devices)),
+            ("all-reduce", self.all_reduce),
+        ]
+
+    def __str__(self) -> str:
+        rows = self._rows()
+        width = max(len(k) for k, _ in rows)
+        return "\n".join(f"{k.ljust(width)}  {v}" for k, v in rows)
+
+    def _repr_html_(self) -> str:
+        cells = "".join(
+            f"<tr><th style='text-align:left'>{html.escape(k)}</th>"
+            f"<td style='text-align:left'>{html.escape(v)}</td></tr>"
+            for k, v in self._rows()
+        )
+        return f"<table class='mirrorkit-topology'>{cells}</table>"
+
+    def to_dict(self) -> dict:
+        """A JSON-ready dict of the fields."""
+        return dataclasses.asdict(self) | {"local_devices": list(self.local_devices)}
+
+
+def short_device(name: str) -> str:
+    """``/job:localhost/replica:0/task:0/device:CPU:1`` -> ``CPU:1``."""
+    match = re.search(r"(?:device:)?([A-Za-z_]+):(\d+)$", name)
+    return f"{match.group(1).upper()}:{match.group(2)}" if match else name
+
+
+def compact_devices(devices: tuple[str, ...] | list[str]) -> str:
+    """``("CPU:0", "CPU:1", "CPU:2")`` -> ``CPU:0-2``; mixed lists stay listed."""
+    names = [short_device(d) for d in devices]
+    kinds = {n.split(":")[0] for n in names}
+    if len(names) > 1 and len(kinds) == 1:
+        kind = kinds.pop()
+        ids = [int(n.split(":")[1]) for n in names]
+        if ids == list(range(ids[0], ids[0] + len(ids))):
+            return f"{kind}:{ids[0]}-{ids[-1]}"
+    return ", ".join(names)
+
+
+def describe(strategy: tf.distribute.Strategy | None = None) -> Topology:
+    """Describes a strategy's topology.
+
+    Args:
+        strategy: a `tf.distribute.Strategy`; None means the strategy in scope,
+            else the one `mk.strategy()` made last, else TensorFlow's default.
+
+    Returns:
+        A `Topology`.
+
+    Example:
+
+    ```python
+    import mirrorkit as mk
+
+    topology = mk.describe(mk.strategy(cpu_replicas=2))
+    assert topology.num_replicas == 2
+    ```
+    """
+    if strategy is None:
+        from mirrorkit.factory import current_strategy
+
+        strategy = current_strategy()
+    kind = type(strategy).__name__
+    if kind == "_DefaultDistributionStrategy":
+        kind = "DefaultStrategy"
+    resolver = getattr(strategy, "cluster_resolver", None)
+    num_workers, worker_index, is_chief = 1, 0, True
+    if resolver is not None and resolver.cluster_spec().as_dict():
+        spec = resolver.cluster_spec().as_dict()
+        training = [(job, i) for job in cluster.TRAINING_JOBS for i in range(len(spec.get(job, [])))]
+        num_workers = max(1, len(training))
+        me = (resolver.task_type, resolver.task_id)
+        worker_index = training.index(me) if me in training else 0
+        is_chief = worker_index == 0 and me in training
+    devices = _local_devices(strategy)
+    return Topology(
+        kind=kind,
+        num_workers=num_workers,
+        worker_index=worker_index,
+        is_chief=is_chief,
+        num_replicas=strategy.num_replicas_in_sync,
+        local_devices=devices,
+        all_reduce=allreduce.describe_ops(strategy),
+    )
+
+
+def _local_devices(strategy: tf.distribute.Strategy) -> tuple[str, ...]:
+    try:
+        return tuple(short_device(d) for d in strategy.extended.worker_devices)
+    except RuntimeError:  # the default strategy: TensorFlow's default placement
+        gpus = tf.config.list_logical_devices("GPU")
+        return (short_device(gpus[0].name) if gpus else "CPU:0",)
+
+
+@dataclasses.dataclass(frozen=True)
+class AutoChoice:
+    """What ``kind="auto"`` resolves to here, and why.
+
+    Attributes:
+        kind: ``multi_worker``, ``mirrored`` or ``one_device``.
+        reason: one sentence naming the rule that fired.
+    """
+
+    kind: str
+    reason: str
+
+
+def plan_auto(cpu_replicas: int | None = None, num_gpus: int | None = None) -> AutoChoice:
+    """Applies the ``auto`` rule without building a strategy.
+
+    The rule, first match wins:
+
+    1. ``TF_CONFIG`` naming more than one training task, or a Slurm step with
+       more than one task -> ``multi_worker``.
+    2. two or more GPUs visible (or ``num_gpus`` >= 2) -> ``mirrored`` over them.
+    3. ``cpu_replicas`` >= 2 -> ``mirrored`` over that many logical CPUs.
+    4. otherwise -> ``one_device`` (GPU:0 if there is one, else CPU:0).
+
+    Args:
+        cpu_replicas: the ``cpu_replicas`` a caller asks for, if any.
+        num_gpus: the ``num_gpus`` a caller asks for, if any.
+
+    Returns:
+        An `AutoChoice`.
+    """
+    info = cluster.from_environment()
+    if info.is_multi_worker:
+        where = "TF_CONFIG" if info.source == "TF_CONFIG" else "the Slurm step"
+        return AutoChoice(
+            "multi_worker", f"{where} names {info.num_workers} training tasks"
+        )
+    gpus = len(tf.config.list_physical_devices("GPU"))
+    wanted_gpus = gpus if num_gpus is None else num_gpus
+    if wanted_gpus >= 2:
+        return AutoChoice("mirrored", f"{wanted_gpus} GPUs: one replica on each")
+    if cpu_replicas is not None and cpu_replicas >= 2:
+        return AutoChoice(
+            "mirrored", f"cpu_replicas={cpu_replicas}: {cpu_replicas} simulated replicas on the CPU"
+        )
+    if wanted_gpus == 1:
+        return AutoChoice("one_device", "one GPU, no TF_CONFIG or Slurm cluster")
+    return AutoChoice("one_device", "no GPU, no cluster, no cpu_replicas: one CPU device")

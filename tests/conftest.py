@@ -1,0 +1,45 @@
+"""Shared fixtures.
+
+The pytest process itself fixes 4 logical CPU devices before any test runs, so
+in-process tests may ask for ``cpu_replicas`` 1, 2 or 4. A test that needs a
+fresh TensorFlow (another device count, a worker, a check of what
+initialisation does) runs its code through `fresh`, in a new interpreter.
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+import pytest  # noqa: E402
+
+from mirrorkit.launch.processes import run_function  # noqa: E402
+
+IN_PROCESS_CPUS = 4
+
+
+def pytest_configure(config):
+    import tensorflow as tf
+
+    cpu = tf.config.list_physical_devices("CPU")[0]
+    tf.config.set_logical_device_configuration(
+        cpu, [tf.config.LogicalDeviceConfiguration() for _ in range(IN_PROCESS_CPUS)]
+    )
+
+
+class _Fresh:
+    """Runs a function in new Python processes and returns their results."""
+
+    def __call__(self, fn, *args, env=None, timeout_s=300):
+        """``fn(*args)`` in one fresh process; returns its value."""
+        return run_function(fn, args, env=(lambda i: env or {}), timeout_s=timeout_s)[0]
+
+    def many(self, fn, *args, n, env=None, timeout_s=300):
+        """``fn(*args)`` in n fresh processes at once; ``env(i)`` per process."""
+        return run_function(fn, args, num_processes=n, env=env, timeout_s=timeout_s)
+
+
+@pytest.fixture
+def fresh():
+    return _Fresh()

@@ -4,7 +4,7 @@
 
 | name | MirroredStrategy (one host) | MultiWorkerMirroredStrategy |
 | --- | --- | --- |
-| ``auto`` | TensorFlow's collective all-reduce: NCCL on GPUs, ring on CPUs | ``CommunicationImplementation.AUTO`` |
+| ``auto`` | collective all-reduce: NCCL on GPUs, ring on CPUs | implementation ``AUTO`` |
 | ``ring`` | the collective all-reduce, ring implementation | ``RING`` |
 | ``nccl`` | `tf.distribute.NcclAllReduce` (GPUs only) | ``NCCL`` (GPUs only) |
 | ``hierarchical_copy`` | `tf.distribute.HierarchicalCopyAllReduce` (GPUs only) | not offered |

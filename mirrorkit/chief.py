@@ -29,7 +29,6 @@ def is_chief() -> bool:
         Whether this process is the chief.
 
     Example:
-
     ```python
     import mirrorkit as mk
 
@@ -48,7 +47,6 @@ def print(*args: Any, **kwargs: Any) -> None:  # noqa: A001 - mirrors builtins.p
         **kwargs: `sep`, `end`, `file` and `flush`, as for `print`.
 
     Example:
-
     ```python
     import mirrorkit as mk
 

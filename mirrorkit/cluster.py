@@ -65,7 +65,6 @@ def parse_tf_config(text: str) -> ClusterInfo:
         ValueError: naming the field that is missing or malformed.
 
     Example:
-
     >>> info = parse_tf_config('{"cluster": {"worker": ["127.0.0.1:2222", '
     ...     '"127.0.0.1:2223"]}, "task": {"type": "worker", "index": 1}}')
     >>> info.num_workers, info.task_index, info.is_chief
@@ -76,12 +75,14 @@ def parse_tf_config(text: str) -> ClusterInfo:
     except json.JSONDecodeError as err:
         raise ValueError(f"TF_CONFIG is not valid JSON ({err}); got {text[:200]!r}") from None
     if not isinstance(config, Mapping):
-        raise ValueError(f"TF_CONFIG must be a JSON object with 'cluster' and 'task'; got {config!r}")
+        raise ValueError(
+            f"TF_CONFIG must be a JSON object with 'cluster' and 'task'; got {config!r}"
+        )
     spec = config.get("cluster")
     if not isinstance(spec, Mapping) or not spec:
         raise ValueError(
             "TF_CONFIG field 'cluster' must be a non-empty object mapping job names to address "
-            f"lists, e.g. {{\"worker\": [\"host1:2222\", \"host2:2222\"]}}; got {spec!r}"
+            f'lists, e.g. {{"worker": ["host1:2222", "host2:2222"]}}; got {spec!r}'
         )
     for job, addresses in spec.items():
         if job not in KNOWN_JOBS:
@@ -106,7 +107,7 @@ def parse_tf_config(text: str) -> ClusterInfo:
         if len(training) > 1:
             raise ValueError(
                 "TF_CONFIG has no field 'task'; every process of a multi-worker job must say "
-                "which task it is, e.g. {\"type\": \"worker\", \"index\": 0}"
+                'which task it is, e.g. {"type": "worker", "index": 0}'
             )
         task = {"type": next(iter(spec)), "index": 0}
     if not isinstance(task, Mapping):
@@ -156,7 +157,9 @@ def _slurm_int(env: Mapping[str, str], *names: str) -> int | None:
             try:
                 return int(value)
             except ValueError:
-                raise ValueError(f"Slurm variable {name} must be an integer; got {value!r}") from None
+                raise ValueError(
+                    f"Slurm variable {name} must be an integer; got {value!r}"
+                ) from None
     return None
 
 
@@ -170,7 +173,6 @@ def from_environment(env: Mapping[str, str] | None = None) -> ClusterInfo:
         A `ClusterInfo`; a single process reports one worker, index 0, chief.
 
     Example:
-
     >>> from_environment({}).num_workers
     1
     """
@@ -188,4 +190,6 @@ def from_environment(env: Mapping[str, str] | None = None) -> ClusterInfo:
             task_index=procid,
             is_chief=procid == 0,
         )
-    return ClusterInfo(source="none", num_workers=1, task_type="worker", task_index=0, is_chief=True)
+    return ClusterInfo(
+        source="none", num_workers=1, task_type="worker", task_index=0, is_chief=True
+    )

@@ -74,7 +74,6 @@ def strategy(
             already fixed in this process.
 
     Example:
-
     ```python
     import keras
     import mirrorkit as mk
@@ -86,6 +85,7 @@ def strategy(
     ```
     """
     name = normalize_kind(kind)
+    _check_backend()
     _check_arguments(name, devices, num_gpus, cpu_replicas, bucket_mb, timeout_s)
     all_reduce = allreduce.normalize(all_reduce)
     devices = tuple(topology.short_device(d) for d in devices) if devices else None
@@ -97,7 +97,13 @@ def strategy(
         _refuse_all_reduce_options(resolved, all_reduce, bucket_mb, timeout_s)
 
     key = (
-        resolved, devices, num_gpus, cpu_replicas, all_reduce, bucket_mb, timeout_s,
+        resolved,
+        devices,
+        num_gpus,
+        cpu_replicas,
+        all_reduce,
+        bucket_mb,
+        timeout_s,
         os.environ.get("TF_CONFIG", ""),
     )
     if key in _made:
@@ -106,8 +112,12 @@ def strategy(
     if cpu_replicas is not None:
         _ensure_cpu_replicas(cpu_replicas)
     made = _BUILDERS[resolved](
-        devices=devices, num_gpus=num_gpus, cpu_replicas=cpu_replicas,
-        all_reduce=all_reduce, bucket_mb=bucket_mb, timeout_s=timeout_s,
+        devices=devices,
+        num_gpus=num_gpus,
+        cpu_replicas=cpu_replicas,
+        all_reduce=all_reduce,
+        bucket_mb=bucket_mb,
+        timeout_s=timeout_s,
     )
     _made[key] = made
     _set_current(made)
@@ -135,7 +145,6 @@ def build(
         The `keras.Model` that ``model_fn`` returned.
 
     Example:
-
     ```python
     import keras
     import mirrorkit as mk
@@ -148,7 +157,7 @@ def build(
     model = mk.build(make_model, mk.strategy(cpu_replicas=2))
     ```
     """
-    if not callable(model_fn):
+    if isinstance(model_fn, keras.Model) or not callable(model_fn):
         raise TypeError(
             f"build() takes a function that returns a keras.Model; got {type(model_fn).__name__}. "
             "Pass the function itself (mk.build(make_model)), not its result."
@@ -185,6 +194,15 @@ def normalize_kind(kind: str) -> str:
     return name
 
 
+def _check_backend() -> None:
+    backend = keras.backend.backend()
+    if backend != "tensorflow":
+        raise RuntimeError(
+            f"Keras runs on the {backend!r} backend here; mirrorkit needs 'tensorflow'. Set "
+            "KERAS_BACKEND=tensorflow before Python starts (or before keras is first imported)."
+        )
+
+
 def _set_current(made: tf.distribute.Strategy) -> None:
     _last[:] = [made]
 
@@ -207,8 +225,11 @@ def _check_arguments(name, devices, num_gpus, cpu_replicas, bucket_mb, timeout_s
         )
     given = [
         label
-        for label, value in (("devices", devices), ("num_gpus", num_gpus),
-                             ("cpu_replicas", cpu_replicas))
+        for label, value in (
+            ("devices", devices),
+            ("num_gpus", num_gpus),
+            ("cpu_replicas", cpu_replicas),
+        )
         if value is not None
     ]
     if len(given) > 1:
@@ -241,8 +262,11 @@ def _resolve_auto(devices, num_gpus, cpu_replicas) -> str:
 def _warn_unused_all_reduce(all_reduce, bucket_mb, timeout_s) -> None:
     unused = [
         f"{label}={value!r}"
-        for label, value in (("all_reduce", all_reduce), ("bucket_mb", bucket_mb),
-                             ("timeout_s", timeout_s))
+        for label, value in (
+            ("all_reduce", all_reduce),
+            ("bucket_mb", bucket_mb),
+            ("timeout_s", timeout_s),
+        )
         if value not in (None, "auto")
     ]
     if unused:

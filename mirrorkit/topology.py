@@ -31,7 +31,6 @@ class Topology:
         all_reduce: the all-reduce that averages gradients.
 
     Example:
-
     ```python
     import mirrorkit as mk
 
@@ -59,7 +58,9 @@ class Topology:
         replicas = f"{self.num_replicas} replica{'s' if self.num_replicas != 1 else ''}"
         devices = compact_devices(self.local_devices)
         each = " each" if self.num_workers > 1 else ""
-        return f"{self.kind}, {replicas} on {workers} ({devices}{each}), all-reduce {self.all_reduce}"
+        return (
+            f"{self.kind}, {replicas} on {workers} ({devices}{each}), all-reduce {self.all_reduce}"
+        )
 
     def _rows(self) -> list[tuple[str, str]]:
         return [
@@ -118,7 +119,6 @@ def describe(strategy: tf.distribute.Strategy | None = None) -> Topology:
         A `Topology`.
 
     Example:
-
     ```python
     import mirrorkit as mk
 
@@ -137,7 +137,9 @@ def describe(strategy: tf.distribute.Strategy | None = None) -> Topology:
     num_workers, worker_index, is_chief = 1, 0, True
     if resolver is not None and resolver.cluster_spec().as_dict():
         spec = resolver.cluster_spec().as_dict()
-        training = [(job, i) for job in cluster.TRAINING_JOBS for i in range(len(spec.get(job, [])))]
+        training = [
+            (job, i) for job in cluster.TRAINING_JOBS for i in range(len(spec.get(job, [])))
+        ]
         num_workers = max(1, len(training))
         me = (resolver.task_type, resolver.task_id)
         worker_index = training.index(me) if me in training else 0
@@ -196,9 +198,7 @@ def plan_auto(cpu_replicas: int | None = None, num_gpus: int | None = None) -> A
     info = cluster.from_environment()
     if info.is_multi_worker:
         where = "TF_CONFIG" if info.source == "TF_CONFIG" else "the Slurm step"
-        return AutoChoice(
-            "multi_worker", f"{where} names {info.num_workers} training tasks"
-        )
+        return AutoChoice("multi_worker", f"{where} names {info.num_workers} training tasks")
     gpus = len(tf.config.list_physical_devices("GPU"))
     wanted_gpus = gpus if num_gpus is None else num_gpus
     if wanted_gpus >= 2:

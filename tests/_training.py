@@ -41,8 +41,9 @@ def make_model(optimizer: str, learning_rate: float):
         metrics=["sparse_categorical_accuracy"],
     )
     rng = np.random.default_rng(7)
-    model.set_weights([rng.normal(scale=0.3, size=w.shape).astype("float32")
-                       for w in model.get_weights()])
+    model.set_weights(
+        [rng.normal(scale=0.3, size=w.shape).astype("float32") for w in model.get_weights()]
+    )
     return model
 
 

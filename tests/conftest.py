@@ -26,6 +26,7 @@ def pytest_configure(config):
     tf.config.set_logical_device_configuration(
         cpu, [tf.config.LogicalDeviceConfiguration() for _ in range(IN_PROCESS_CPUS)]
     )
+    tf.config.list_logical_devices()  # fixes them: later requests take a subset or fail
 
 
 class _Fresh:

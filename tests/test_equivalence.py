@@ -27,7 +27,7 @@ def assert_same_run(got, want, tolerance=TOLERANCE):
     got_weights, got_history = got
     want_weights, want_history = want
     assert len(got_weights) == len(want_weights)
-    for i, (g, w) in enumerate(zip(got_weights, want_weights)):
+    for i, (g, w) in enumerate(zip(got_weights, want_weights, strict=True)):
         np.testing.assert_allclose(g, w, rtol=0, atol=tolerance, err_msg=f"weight {i}")
     assert got_history.keys() == want_history.keys()
     for key in want_history:

@@ -72,7 +72,6 @@ def run_function(
         TimeoutError: the processes did not finish in ``timeout_s``.
 
     Example:
-
     ```python
     from mirrorkit.launch.processes import run_function
 
@@ -89,8 +88,7 @@ def run_function(
             cloudpickle.dump((fn, tuple(args)), f)
         results = [os.path.join(workdir, f"result-{i}.pkl") for i in range(num_processes)]
         procs = [
-            _start(payload, results[i], dict(env(i)) if env else {})
-            for i in range(num_processes)
+            _start(payload, results[i], dict(env(i)) if env else {}) for i in range(num_processes)
         ]
         try:
             failed = _supervise(procs, stream or sys.stdout, prefix, timeout_s)

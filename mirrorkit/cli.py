@@ -1,0 +1,43 @@
+"""The `mirrorkit` command: one entry point, one subcommand per job."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from collections.abc import Sequence
+
+
+def _info(args: argparse.Namespace) -> int:
+    from mirrorkit import info
+
+    facts = info.collect()
+    print(json.dumps(facts, indent=2) if args.json else info.format_text(facts))
+    return 1 if "error" in facts["cluster"] else 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser of the `mirrorkit` command."""
+    parser = argparse.ArgumentParser(
+        prog="mirrorkit",
+        description="Synchronous data-parallel training of Keras 3 models on TensorFlow.",
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    info = sub.add_parser(
+        "info", help="versions, devices, cluster, and the strategy mk.strategy() would make"
+    )
+    info.add_argument("--json", action="store_true", help="print JSON instead of text")
+    info.set_defaults(run=_info)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Runs the `mirrorkit` command; returns its exit code."""
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    args = build_parser().parse_args(argv)
+    return args.run(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,102 @@
+"""What `mirrorkit info` reports: versions, devices, cluster, and the auto choice."""
+
+from __future__ import annotations
+
+import os
+import platform
+from typing import Any
+
+from mirrorkit import cluster
+
+
+def collect() -> dict[str, Any]:
+    """Gathers the facts `mirrorkit info` prints, as a JSON-ready dict.
+
+    Reads physical devices only, so it does not fix TensorFlow's logical
+    devices.
+
+    Returns:
+        A dict with ``versions``, ``physical_devices``, ``logical_devices``,
+        ``cluster`` and ``auto`` (the kind ``mk.strategy()`` would make and why).
+
+    Example:
+    >>> collect()["auto"]["kind"] in ("one_device", "mirrored", "multi_worker")
+    True
+    """
+    import keras
+    import tensorflow as tf
+
+    import mirrorkit
+    from mirrorkit import topology
+
+    facts: dict[str, Any] = {
+        "versions": {
+            "python": platform.python_version(),
+            "tensorflow": tf.__version__,
+            "keras": keras.__version__,
+            "keras_backend": keras.backend.backend(),
+            "mirrorkit": mirrorkit.__version__,
+        },
+        "platform": platform.platform(),
+        "cpu_count": os.cpu_count(),
+        "physical_devices": [
+            d.name.replace("/physical_device:", "") for d in tf.config.list_physical_devices()
+        ],
+    }
+    try:
+        info = cluster.from_environment()
+        facts["cluster"] = {
+            "source": info.source,
+            "num_workers": info.num_workers,
+            "task_type": info.task_type,
+            "task_index": info.task_index,
+            "is_chief": info.is_chief,
+        }
+    except ValueError as err:
+        facts["cluster"] = {"error": str(err)}
+    try:
+        choice = topology.plan_auto()
+        facts["auto"] = {
+            "kind": choice.kind,
+            "strategy": _STRATEGY_CLASS[choice.kind],
+            "reason": choice.reason,
+        }
+    except ValueError as err:
+        facts["auto"] = {"kind": None, "strategy": None, "reason": str(err)}
+    return facts
+
+
+_STRATEGY_CLASS = {
+    "multi_worker": "MultiWorkerMirroredStrategy",
+    "mirrored": "MirroredStrategy",
+    "one_device": "OneDeviceStrategy",
+}
+
+
+def format_text(facts: dict[str, Any]) -> str:
+    """Renders `collect()`'s dict as aligned text."""
+    versions = facts["versions"]
+    rows = [
+        ("mirrorkit", versions["mirrorkit"]),
+        ("tensorflow", versions["tensorflow"]),
+        ("keras", f"{versions['keras']} (backend {versions['keras_backend']})"),
+        ("python", versions["python"]),
+        ("platform", facts["platform"]),
+        ("CPU cores", str(facts["cpu_count"])),
+        ("physical devices", ", ".join(facts["physical_devices"])),
+    ]
+    found = facts["cluster"]
+    if "error" in found:
+        rows.append(("cluster", f"ERROR: {found['error']}"))
+    elif found["source"] == "none":
+        rows.append(("cluster", "none (no TF_CONFIG, no multi-task Slurm step)"))
+    else:
+        role = f"{found['task_type']} {found['task_index']}"
+        role += " (chief)" if found["is_chief"] else ""
+        rows.append(
+            ("cluster", f"{found['source']}: {found['num_workers']} workers, this is {role}")
+        )
+    auto = facts["auto"]
+    rows.append(("mk.strategy()", f"{auto['strategy']}, because {auto['reason']}"))
+    width = max(len(k) for k, _ in rows)
+    return "\n".join(f"{k.ljust(width)}  {v}" for k, v in rows)

@@ -1,0 +1,92 @@
+import json
+
+import pytest
+
+from mirrorkit import cluster
+
+
+def tf_config(cluster_spec, task=None):
+    config = {"cluster": cluster_spec}
+    if task is not None:
+        config["task"] = task
+    return json.dumps(config)
+
+
+TWO_WORKERS = {"worker": ["127.0.0.1:2222", "127.0.0.1:2223"]}
+
+
+def test_two_workers():
+    info = cluster.parse_tf_config(tf_config(TWO_WORKERS, {"type": "worker", "index": 1}))
+    assert (info.num_workers, info.task_index, info.worker_index) == (2, 1, 1)
+    assert info.is_multi_worker and not info.is_chief
+
+
+def test_worker_zero_is_chief_without_chief_task():
+    info = cluster.parse_tf_config(tf_config(TWO_WORKERS, {"type": "worker", "index": 0}))
+    assert info.is_chief
+
+
+def test_named_chief_counts_as_a_worker():
+    spec = {"chief": ["127.0.0.1:1111"], "worker": ["127.0.0.1:2222"]}
+    chief = cluster.parse_tf_config(tf_config(spec, {"type": "chief", "index": 0}))
+    worker = cluster.parse_tf_config(tf_config(spec, {"type": "worker", "index": 0}))
+    assert chief.is_chief and chief.num_workers == 2 and chief.worker_index == 0
+    assert not worker.is_chief and worker.worker_index == 1
+
+
+def test_evaluator_is_not_a_training_worker():
+    spec = {"worker": ["127.0.0.1:2222"], "evaluator": ["127.0.0.1:3333"]}
+    info = cluster.parse_tf_config(tf_config(spec, {"type": "evaluator", "index": 0}))
+    assert info.num_workers == 1
+
+
+@pytest.mark.parametrize(
+    "text, field",
+    [
+        ("{not json", "not valid JSON"),
+        ("[1, 2]", "must be a JSON object"),
+        (tf_config({}), "'cluster'"),
+        (tf_config({"workers": ["a:1"]}, {"type": "workers", "index": 0}), "'cluster.workers'"),
+        (tf_config({"worker": "127.0.0.1:1"}), "'cluster.worker'"),
+        (tf_config({"worker": ["127.0.0.1"]}, {"type": "worker", "index": 0}), "cluster.worker[0]"),
+        (tf_config({"worker": ["h:99999"]}, {"type": "worker", "index": 0}), "cluster.worker[0]"),
+        (tf_config(TWO_WORKERS), "no field 'task'"),
+        (tf_config(TWO_WORKERS, {"type": "chief", "index": 0}), "'task.type'"),
+        (tf_config(TWO_WORKERS, {"type": "worker", "index": 2}), "'task.index' is 2"),
+        (tf_config(TWO_WORKERS, {"type": "worker", "index": "1"}), "'task.index' must be"),
+        (tf_config({"chief": ["a:1", "b:2"]}, {"type": "chief", "index": 0}), "'cluster.chief'"),
+    ],
+)
+def test_malformed_tf_config_names_the_field(text, field):
+    with pytest.raises(ValueError) as err:
+        cluster.parse_tf_config(text)
+    assert field in str(err.value)
+
+
+def test_slurm_multi_task_step():
+    env = {"SLURM_NTASKS": "4", "SLURM_PROCID": "2"}
+    info = cluster.from_environment(env)
+    assert (info.source, info.num_workers, info.task_index, info.is_chief) == ("slurm", 4, 2, False)
+
+
+def test_slurm_single_task_is_no_cluster():
+    assert cluster.from_environment({"SLURM_NTASKS": "1", "SLURM_PROCID": "0"}).source == "none"
+
+
+def test_tf_config_wins_over_slurm():
+    env = {
+        "SLURM_NTASKS": "4",
+        "SLURM_PROCID": "2",
+        "TF_CONFIG": tf_config(TWO_WORKERS, {"type": "worker", "index": 0}),
+    }
+    assert cluster.from_environment(env).source == "TF_CONFIG"
+
+
+def test_bad_slurm_variable():
+    with pytest.raises(ValueError, match="SLURM_NTASKS"):
+        cluster.from_environment({"SLURM_NTASKS": "four", "SLURM_PROCID": "0"})
+
+
+def test_no_cluster():
+    info = cluster.from_environment({})
+    assert (info.source, info.num_workers, info.is_chief) == ("none", 1, True)

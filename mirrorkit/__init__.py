@@ -28,6 +28,7 @@ _PUBLIC = {
     "is_chief": "mirrorkit.chief",
     "print": "mirrorkit.chief",
     "compat": "mirrorkit.compat",
+    "launch": "mirrorkit.launcher.notebook",
 }
 
 _MODULES = {"compat"}

@@ -130,9 +130,7 @@ def describe(strategy: tf.distribute.Strategy | None = None) -> Topology:
         from mirrorkit.factory import current_strategy
 
         strategy = current_strategy()
-    kind = type(strategy).__name__
-    if kind == "_DefaultDistributionStrategy":
-        kind = "DefaultStrategy"
+    kind = _PUBLIC_NAMES.get(type(strategy).__name__, type(strategy).__name__)
     resolver = getattr(strategy, "cluster_resolver", None)
     num_workers, worker_index, is_chief = 1, 0, True
     if resolver is not None and resolver.cluster_spec().as_dict():
@@ -154,6 +152,13 @@ def describe(strategy: tf.distribute.Strategy | None = None) -> Topology:
         local_devices=devices,
         all_reduce=allreduce.describe_ops(strategy),
     )
+
+
+#: TensorFlow's class names -> the names users write.
+_PUBLIC_NAMES = {
+    "_DefaultDistributionStrategy": "DefaultStrategy",
+    "CollectiveAllReduceStrategy": "MultiWorkerMirroredStrategy",
+}
 
 
 def _local_devices(strategy: tf.distribute.Strategy) -> tuple[str, ...]:

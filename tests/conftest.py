@@ -14,7 +14,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import pytest  # noqa: E402
 
-from mirrorkit.launch.processes import run_function  # noqa: E402
+from mirrorkit.launcher.processes import run_function  # noqa: E402
 
 IN_PROCESS_CPUS = 4
 

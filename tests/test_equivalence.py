@@ -18,7 +18,7 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture(scope="module")
 def one_device():
-    from mirrorkit.launch.processes import run_function
+    from mirrorkit.launcher.processes import run_function
 
     return run_function(train_both_optimizers, (1,), timeout_s=300)[0]
 

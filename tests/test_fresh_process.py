@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from mirrorkit.launch.processes import WorkerError
+from mirrorkit.launcher.processes import WorkerError
 
 pytestmark = pytest.mark.slow
 

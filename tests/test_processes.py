@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from mirrorkit.launch.processes import WorkerError, run_function
+from mirrorkit.launcher.processes import WorkerError, run_function
 
 pytestmark = pytest.mark.slow
 

@@ -1,20 +1,106 @@
 """Repairs for Keras 3 where it breaks under tf.distribute.
 
 Each repair lives in its own module, names its upstream issue and the Keras
-versions it was verified on, and applies only where it is needed.
-`apply_for(strategy)` is called by `mk.strategy()`; `enable()` is for users
-who build their own `tf.distribute` strategies.
-"""
+versions it was verified on, and is applied only where a strategy needs it:
+`mk.strategy()` calls `apply_for` on the strategy it returns, and users who
+build their own `tf.distribute` strategies call `enable()`. Applying is
+idempotent, and each applied repair is said once on the chief.
+
+| repair | upstream | what breaks without it |
+| --- | --- | --- |
+| ``symbolic_build`` | keras#20585, #19246 | multi-worker ``fit``/``evaluate``; a first batch smaller than the replica count; string inputs |
+| ``multi_worker_reduce`` | keras#20585 | multi-worker losses and metrics (``axis=0`` on scalars) |
+| optimizer state built by `mk.build` | keras#23085 | custom ``tf.function`` loops with Adam under a strategy |
+"""  # noqa: E501
 
 from __future__ import annotations
 
+import keras
 import tensorflow as tf
+
+from mirrorkit import chief
+from mirrorkit.compat import multi_worker_reduce, symbolic_build
+from mirrorkit.compat._repair import VERIFIED_KERAS, Repair, keras_version
+
+REPAIRS: tuple[Repair, ...] = (symbolic_build.REPAIR, multi_worker_reduce.REPAIR)
+
+
+def enable(strategy: tf.distribute.Strategy | None = None) -> list[str]:
+    """Applies mirrorkit's Keras repairs for tf.distribute.
+
+    Args:
+        strategy: apply only the repairs this strategy needs; None applies all.
+
+    Returns:
+        The names of the repairs now in place.
+
+    Example:
+
+    ```python
+    import tensorflow as tf
+    import mirrorkit as mk
+
+    strategy = tf.distribute.MultiWorkerMirroredStrategy()
+    mk.compat.enable(strategy)  # then build and fit as usual
+    ```
+    """
+    _check_keras_version()
+    for repair in REPAIRS:
+        if strategy is None or repair.applies_to(strategy):
+            if repair.apply():
+                chief.say_once(
+                    f"repair-{repair.name}",
+                    f"patched Keras {keras.__version__} internal {repair.target} "
+                    f"({repair.upstream}); mirrorkit.compat.disable() undoes it",
+                )
+    return [repair.name for repair in REPAIRS if repair.active]
 
 
 def apply_for(strategy: tf.distribute.Strategy) -> list[str]:
-    """Applies the repairs that `strategy` needs; returns their names."""
-    return []
+    """Applies the repairs `strategy` needs; called by `mk.strategy()`."""
+    return enable(strategy)
 
 
-def prepare_model(model, strategy: tf.distribute.Strategy) -> None:
-    """Per-model preparation done by `mk.build` under the strategy's scope."""
+def disable() -> None:
+    """Restores every Keras internal that a repair replaced."""
+    for repair in REPAIRS:
+        repair.remove()
+
+
+def active() -> list[str]:
+    """Names of the repairs in place."""
+    return [repair.name for repair in REPAIRS if repair.active]
+
+
+def prepare_model(model: keras.Model, strategy: tf.distribute.Strategy) -> None:
+    """Builds the optimizer's state under `strategy`'s scope (keras#23085).
+
+    Keras 3.15.1 and earlier fail in a custom ``tf.function`` training loop
+    with a stateful optimizer (Adam) under a strategy, because the optimizer
+    creates its slot variables lazily inside the traced function. Building
+    them here, eagerly and under the scope, is what `mk.build` does; ``fit``
+    is unaffected, since it would build the same variables at its start.
+
+    Args:
+        model: the model just built.
+        strategy: the strategy in whose scope it was built.
+    """
+    optimizer = getattr(model, "optimizer", None)
+    if optimizer is None or getattr(optimizer, "built", True) or not model.built:
+        return
+    if strategy.num_replicas_in_sync > 1 or isinstance(
+        strategy, tf.distribute.MultiWorkerMirroredStrategy
+    ):
+        optimizer.build(model.trainable_variables)
+
+
+def _check_keras_version() -> None:
+    version = keras_version()
+    if version > VERIFIED_KERAS[1]:
+        low, high = (".".join(map(str, v)) for v in VERIFIED_KERAS)
+        chief.warn_once(
+            "untested-keras",
+            f"Keras {keras.__version__} is newer than the versions mirrorkit's repairs were "
+            f"verified on ({low}-{high}); they are applied where their targets exist. Run "
+            "mirrorkit's compat tests to learn which are still needed.",
+        )

@@ -1,6 +1,6 @@
-"""Entry point of a worker process started by `mirrorkit.launch.processes`.
+"""Entry point of a worker process started by `mirrorkit.launcher.processes`.
 
-Usage: ``python -m mirrorkit.launch._child PAYLOAD RESULT``. Loads
+Usage: ``python -m mirrorkit.launcher._child PAYLOAD RESULT``. Loads
 ``(fn, args)`` from PAYLOAD, calls it, and writes ``("ok", value)`` or
 ``("error", traceback)`` to RESULT; exits 1 when the function raised.
 """

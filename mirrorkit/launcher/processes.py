@@ -73,7 +73,7 @@ def run_function(
 
     Example:
     ```python
-    from mirrorkit.launch.processes import run_function
+    from mirrorkit.launcher.processes import run_function
 
     def replicas():
         import mirrorkit as mk
@@ -109,7 +109,7 @@ def _start(payload: str, result: str, extra_env: Mapping[str, str]) -> subproces
     paths = [p or os.getcwd() for p in sys.path]
     env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(paths))
     return subprocess.Popen(
-        [sys.executable, "-m", "mirrorkit.launch._child", payload, result],
+        [sys.executable, "-m", "mirrorkit.launcher._child", payload, result],
         env=env,
         stdin=subprocess.DEVNULL,
         stdout=subprocess.PIPE,

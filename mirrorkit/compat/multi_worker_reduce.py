@@ -1,0 +1,46 @@
+"""Repair: average scalar losses and metrics across workers without ``axis=0``.
+
+Upstream: UPSTREAM.md item 2; keras-team/keras#20585. In
+``keras/src/backend/tensorflow/trainer.py``, ``reduce_per_replica``'s
+multi-worker branch calls ``strategy.reduce("MEAN", v, axis=0)`` on every log
+value; losses and metrics are scalars, so it raises ``Invalid reduction
+dimension 0 for input with 0 dimensions``. The single-host branch averages the
+replicas' values (``tf.reduce_mean(local_results, axis=0)``); the replacement
+does the same across workers with ``strategy.reduce("MEAN", v, axis=None)``
+and leaves every other reduction (``concat`` for ``predict``, ``sum``,
+``first``) to Keras. Verified on Keras 3.10-3.15.1.
+"""
+
+from __future__ import annotations
+
+import keras
+import tensorflow as tf
+
+from mirrorkit.compat._repair import Repair
+
+
+def _in_multi_worker_mode(strategy) -> bool:
+    return (
+        isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy)
+        and strategy.extended._in_multi_worker_mode()
+    )
+
+
+def _replacement(original):
+    def reduce_per_replica(values, strategy, reduction):
+        if reduction in ("auto", "mean") and _in_multi_worker_mode(strategy):
+            return keras.tree.map_structure(lambda v: strategy.reduce("MEAN", v, axis=None), values)
+        return original(values, strategy, reduction)
+
+    reduce_per_replica.__wrapped__ = original
+    return reduce_per_replica
+
+
+REPAIR = Repair(
+    name="multi_worker_reduce",
+    upstream="keras-team/keras#20585; UPSTREAM.md item 2",
+    module="keras.src.backend.tensorflow.trainer",
+    target="reduce_per_replica",
+    replacement=_replacement,
+    applies_to=lambda strategy: isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy),
+)

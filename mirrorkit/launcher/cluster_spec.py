@@ -1,0 +1,33 @@
+"""TF_CONFIG values for the workers of a launch."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+
+
+def tf_config(addresses: Sequence[str], index: int) -> str:
+    """Returns the TF_CONFIG of worker `index` in a cluster of `addresses`.
+
+    Args:
+        addresses: ``host:port`` of every worker, in rank order.
+        index: this worker's rank.
+
+    Returns:
+        The JSON text for the ``TF_CONFIG`` environment variable.
+
+    Example:
+
+    >>> tf_config(["127.0.0.1:2222", "127.0.0.1:2223"], 1)
+    '{"cluster": {"worker": ["127.0.0.1:2222", "127.0.0.1:2223"]}, "task": {"type": "worker", "index": 1}}'
+    """
+    return json.dumps(
+        {"cluster": {"worker": list(addresses)}, "task": {"type": "worker", "index": index}}
+    )
+
+
+def local_addresses(num_workers: int, host: str = "127.0.0.1") -> list[str]:
+    """Returns `num_workers` loopback addresses with free ports."""
+    from mirrorkit.launcher.ports import free_ports
+
+    return [f"{host}:{port}" for port in free_ports(num_workers, host)]

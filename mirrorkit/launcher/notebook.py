@@ -1,0 +1,77 @@
+"""`mk.launch`: run a function as N multi-worker processes, from a notebook or script."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from mirrorkit import cluster
+from mirrorkit.launcher import cluster_spec, processes
+
+
+def launch(
+    fn: Callable[..., Any],
+    num_workers: int = 2,
+    args: Sequence[Any] = (),
+    *,
+    timeout_s: float | None = None,
+) -> Any:
+    """Runs ``fn(*args)`` in `num_workers` fresh worker processes of one job.
+
+    Each worker is a new Python interpreter (spawned, never forked) whose
+    ``TF_CONFIG`` names every worker on loopback with free ports, so
+    ``mk.strategy()`` inside ``fn`` makes a `MultiWorkerMirroredStrategy` that
+    talks through TensorFlow's collective runtime. Output streams back with a
+    ``[wN]`` prefix. A function defined in a notebook cell travels as it is.
+
+    Args:
+        fn: the training function; it builds its strategy, model and data.
+        num_workers: how many workers.
+        args: positional arguments for ``fn``, the same for every worker.
+        timeout_s: stop every worker and raise `TimeoutError` after this long.
+
+    Returns:
+        Worker 0's (the chief's) return value.
+
+    Raises:
+        RuntimeError: this process is itself a worker of a multi-worker job.
+        mirrorkit.launcher.processes.WorkerError: a worker failed; the message
+            holds its traceback, and the other workers were stopped.
+
+    Example:
+
+    ```python
+    import mirrorkit as mk
+
+    def train():
+        import mirrorkit as mk
+        strategy = mk.strategy()  # MultiWorkerMirroredStrategy, 2 workers
+        return strategy.num_replicas_in_sync
+
+    assert mk.launch(train, num_workers=2) == 2
+    ```
+    """
+    if isinstance(num_workers, bool) or not isinstance(num_workers, int) or num_workers < 1:
+        raise ValueError(f"num_workers must be a positive integer; got {num_workers!r}")
+    here = cluster.from_environment()
+    if here.is_multi_worker:
+        raise RuntimeError(
+            f"mk.launch starts its own workers, but this process is already worker "
+            f"{here.task_index} of a {here.num_workers}-worker job ({here.source}). Call "
+            "mk.launch from a plain notebook or script, or call the function directly here."
+        )
+    addresses = cluster_spec.local_addresses(num_workers)
+
+    def worker_env(i: int) -> dict[str, str]:
+        return {"TF_CONFIG": cluster_spec.tf_config(addresses, i), "MIRRORKIT_WORKER": str(i)}
+
+    results = processes.run_function(
+        fn, args, num_processes=num_workers, env=worker_env, timeout_s=timeout_s
+    )
+    return results[0]
+
+
+def in_launched_worker() -> bool:
+    """Whether this process was started by `launch` or `mirrorkit launch`."""
+    return "MIRRORKIT_WORKER" in os.environ

@@ -1,0 +1,136 @@
+"""Keras repairs on one host (4 logical CPUs in the pytest process)."""
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import mirrorkit as mk
+from mirrorkit import compat
+
+
+@pytest.fixture
+def without_repairs():
+    compat.disable()
+    yield
+    compat.enable()
+
+
+def _model(inputs=4):
+    model = keras.Sequential([keras.Input((inputs,)), keras.layers.Dense(2)])
+    model.compile(optimizer="adam", loss="mse")
+    return model
+
+
+def test_enable_is_idempotent_and_disable_restores():
+    from keras.src.backend.tensorflow import trainer
+
+    compat.disable()
+    original = trainer.reduce_per_replica
+    assert compat.enable() == ["symbolic_build", "multi_worker_reduce"]
+    patched = trainer.reduce_per_replica
+    assert patched is not original and patched.__wrapped__ is original
+    assert compat.enable() == ["symbolic_build", "multi_worker_reduce"]
+    assert trainer.reduce_per_replica is patched
+    compat.disable()
+    assert trainer.reduce_per_replica is original and compat.active() == []
+    compat.enable()
+
+
+def test_strategy_applies_what_it_needs():
+    compat.disable()
+    mk.strategy("one_device")
+    assert compat.active() == []
+    mk.strategy(cpu_replicas=2)
+    assert compat.active() == ["symbolic_build"]
+    compat.enable()
+
+
+def _first_batch_smaller_than_replicas():
+    x = np.ones((5, 4), "float32")
+    y = np.zeros((5, 2), "float32")
+    # First global batch: 1 example for 2 replicas; then batches of 4.
+    return (
+        tf.data.Dataset.from_tensor_slices((x, y))
+        .take(1)
+        .batch(1)
+        .concatenate(tf.data.Dataset.from_tensor_slices((x[1:], y[1:])).batch(4))
+    )
+
+
+def test_first_batch_smaller_than_replica_count_fails_upstream(without_repairs):
+    model = mk.build(_model, mk.strategy(cpu_replicas=2))
+    compat.disable()
+    with pytest.raises(Exception, match="(?i)shape|incompatible|AddN"):
+        model.fit(_first_batch_smaller_than_replicas(), epochs=1, verbose=0)
+
+
+def test_first_batch_smaller_than_replica_count_trains():
+    model = mk.build(_model, mk.strategy(cpu_replicas=2))
+    history = model.fit(_first_batch_smaller_than_replicas(), epochs=2, verbose=0)
+    assert np.isfinite(history.history["loss"]).all()
+
+
+def _string_model(vocabulary):
+    text = keras.Input((1,), dtype="string")
+    ids = keras.layers.StringLookup(vocabulary=vocabulary)(text)
+    hidden = keras.layers.Flatten()(keras.layers.Embedding(len(vocabulary) + 1, 4)(ids))
+    model = keras.Model(text, keras.layers.Dense(1)(hidden))
+    model.compile(optimizer="sgd", loss="mse")
+    return model
+
+
+def _strings():
+    words = np.array([["cat"], ["dog"], ["eel"], ["cat"]] * 4)
+    return tf.data.Dataset.from_tensor_slices((words, np.ones((16, 1), "float32"))).batch(8)
+
+
+def test_string_inputs_fail_upstream(without_repairs):
+    model = mk.build(lambda: _string_model(["cat", "dog", "eel"]), mk.strategy(cpu_replicas=2))
+    compat.disable()
+    with pytest.raises(Exception, match="string"):
+        model.fit(_strings(), epochs=1, verbose=0)
+
+
+def test_string_inputs_with_string_lookup_train():
+    model = mk.build(lambda: _string_model(["cat", "dog", "eel"]), mk.strategy(cpu_replicas=2))
+    history = model.fit(_strings(), epochs=2, verbose=0)
+    assert len(history.history["loss"]) == 2
+
+
+def _custom_loop(model, strategy):
+    x = tf.ones((8, 4))
+    y = tf.zeros((8, 2))
+    data = strategy.experimental_distribute_dataset(
+        tf.data.Dataset.from_tensor_slices((x, y)).batch(8)
+    )
+
+    @tf.function
+    def step(batch):
+        def replica_step(xb, yb):
+            with tf.GradientTape() as tape:
+                loss = tf.reduce_mean((model(xb) - yb) ** 2) / strategy.num_replicas_in_sync
+            grads = tape.gradient(loss, model.trainable_variables)
+            model.optimizer.apply_gradients(zip(grads, model.trainable_variables))
+            return loss
+
+        return strategy.run(replica_step, args=batch)
+
+    for batch in data:
+        step(batch)
+    return model.optimizer.iterations.numpy()
+
+
+def test_custom_loop_with_adam_fails_upstream():
+    strategy = mk.strategy(cpu_replicas=2)
+    with strategy.scope():
+        model = _model()  # built under the scope, but not through mk.build
+    with pytest.raises(Exception, match="placeholder"):
+        _custom_loop(model, strategy)
+
+
+def test_custom_loop_with_adam_after_build():
+    strategy = mk.strategy(cpu_replicas=2)
+    model = mk.build(_model, strategy)
+    assert model.optimizer.built
+    assert _custom_loop(model, strategy) == 1

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import sys
 from collections.abc import Sequence
 
@@ -29,6 +30,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     info.add_argument("--json", action="store_true", help="print JSON instead of text")
     info.set_defaults(run=_info)
+    from mirrorkit.launcher import script
+
+    launch = sub.add_parser(
+        "launch", help="run a training script as N local workers (TF_CONFIG on loopback)"
+    )
+    script.add_arguments(launch)
+    launch.set_defaults(run=script.run)
     return parser
 
 
@@ -36,7 +44,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Runs the `mirrorkit` command; returns its exit code."""
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     args = build_parser().parse_args(argv)
+    signal.signal(signal.SIGTERM, _raise_interrupt)
     return args.run(args)
+
+
+def _raise_interrupt(signum, frame):
+    raise KeyboardInterrupt  # SIGTERM stops every worker, as Ctrl-C does
 
 
 if __name__ == "__main__":

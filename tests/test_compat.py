@@ -111,7 +111,7 @@ def _custom_loop(model, strategy):
             with tf.GradientTape() as tape:
                 loss = tf.reduce_mean((model(xb) - yb) ** 2) / strategy.num_replicas_in_sync
             grads = tape.gradient(loss, model.trainable_variables)
-            model.optimizer.apply_gradients(zip(grads, model.trainable_variables))
+            model.optimizer.apply_gradients(zip(grads, model.trainable_variables, strict=True))
             return loss
 
         return strategy.run(replica_step, args=batch)

@@ -35,7 +35,6 @@ def enable(strategy: tf.distribute.Strategy | None = None) -> list[str]:
         The names of the repairs now in place.
 
     Example:
-
     ```python
     import tensorflow as tf
     import mirrorkit as mk

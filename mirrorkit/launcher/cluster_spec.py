@@ -17,9 +17,9 @@ def tf_config(addresses: Sequence[str], index: int) -> str:
         The JSON text for the ``TF_CONFIG`` environment variable.
 
     Example:
-
-    >>> tf_config(["127.0.0.1:2222", "127.0.0.1:2223"], 1)
-    '{"cluster": {"worker": ["127.0.0.1:2222", "127.0.0.1:2223"]}, "task": {"type": "worker", "index": 1}}'
+    >>> import json
+    >>> json.loads(tf_config(["127.0.0.1:2222", "127.0.0.1:2223"], 1))["task"]
+    {'type': 'worker', 'index': 1}
     """
     return json.dumps(
         {"cluster": {"worker": list(addresses)}, "task": {"type": "worker", "index": index}}

@@ -40,7 +40,6 @@ def launch(
             holds its traceback, and the other workers were stopped.
 
     Example:
-
     ```python
     import mirrorkit as mk
 

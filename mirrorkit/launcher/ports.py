@@ -22,7 +22,6 @@ def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
         A list of port numbers.
 
     Example:
-
     >>> len(set(free_ports(3)))
     3
     """

@@ -9,6 +9,7 @@ is prefixed with its worker, and the first failure stops the rest.
 
 from __future__ import annotations
 
+import collections
 import os
 import selectors
 import signal
@@ -20,6 +21,9 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TextIO
 
 import cloudpickle
+
+#: Output lines of each worker kept for the error message of a failed worker.
+TAIL_LINES = 60
 
 #: How long a worker has to exit after SIGTERM before it is killed.
 TERMINATE_GRACE_S = 5.0
@@ -87,20 +91,54 @@ def run_function(
         with open(payload, "wb") as f:
             cloudpickle.dump((fn, tuple(args)), f)
         results = [os.path.join(workdir, f"result-{i}.pkl") for i in range(num_processes)]
-        procs = [
-            _start(payload, results[i], dict(env(i)) if env else {}) for i in range(num_processes)
+        commands = [
+            [sys.executable, "-m", "mirrorkit.launcher._child", payload, results[i]]
+            for i in range(num_processes)
         ]
         try:
-            failed = _supervise(procs, stream or sys.stdout, prefix, timeout_s)
-        except BaseException:
-            stop(procs)
-            raise
-        if failed is not None:
-            raise WorkerError(failed, procs[failed].returncode, _read_error(results[failed]))
+            run_commands(commands, env=env, timeout_s=timeout_s, stream=stream, prefix=prefix)
+        except WorkerError as err:
+            raise WorkerError(
+                err.worker, err.exit_code, _read_error(results[err.worker]) or err.worker_traceback
+            ) from None
         return [_read_value(path, i) for i, path in enumerate(results)]
 
 
-def _start(payload: str, result: str, extra_env: Mapping[str, str]) -> subprocess.Popen:
+def run_commands(
+    commands: Sequence[Sequence[str]],
+    *,
+    env: Callable[[int], Mapping[str, str]] | None = None,
+    timeout_s: float | None = None,
+    stream: TextIO | None = None,
+    prefix: str = "w",
+) -> None:
+    """Runs one command per worker, streams prefixed output, fails fast.
+
+    Args:
+        commands: ``commands[i]`` is worker i's argument vector.
+        env: ``env(i)`` returns extra environment variables for worker i.
+        timeout_s: stop every worker and raise `TimeoutError` after this long.
+        stream: where output lines go; `sys.stdout` when None.
+        prefix: the label before each worker's index in output lines.
+
+    Raises:
+        WorkerError: the first worker that exited non-zero (its last output
+            lines attached); every other worker was stopped first.
+        TimeoutError: the workers did not finish in ``timeout_s``.
+    """
+    procs = []
+    try:
+        for i, command in enumerate(commands):
+            procs.append(_start(command, dict(env(i)) if env else {}))
+        failed, tails = _supervise(procs, stream or sys.stdout, prefix, timeout_s)
+    except BaseException:
+        stop(procs)
+        raise
+    if failed is not None:
+        raise WorkerError(failed, procs[failed].returncode, "\n".join(tails[failed]))
+
+
+def _start(command: Sequence[str], extra_env: Mapping[str, str]) -> subprocess.Popen:
     env = dict(os.environ)
     env.update(extra_env)
     env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -109,7 +147,7 @@ def _start(payload: str, result: str, extra_env: Mapping[str, str]) -> subproces
     paths = [p or os.getcwd() for p in sys.path]
     env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(paths))
     return subprocess.Popen(
-        [sys.executable, "-m", "mirrorkit.launcher._child", payload, result],
+        list(command),
         env=env,
         stdin=subprocess.DEVNULL,
         stdout=subprocess.PIPE,
@@ -120,13 +158,14 @@ def _start(payload: str, result: str, extra_env: Mapping[str, str]) -> subproces
 
 def _supervise(
     procs: list[subprocess.Popen], stream: TextIO, prefix: str, timeout_s: float | None
-) -> int | None:
-    """Streams output until all exit; returns the first failed index, or None."""
+) -> tuple[int | None, list[collections.deque]]:
+    """Streams output until all exit; returns the first failed index and output tails."""
     deadline = None if timeout_s is None else time.monotonic() + timeout_s
     selector = selectors.DefaultSelector()
     for i, proc in enumerate(procs):
         selector.register(proc.stdout, selectors.EVENT_READ, i)
     partial = [b""] * len(procs)
+    tails = [collections.deque(maxlen=TAIL_LINES) for _ in procs]
     open_pipes = len(procs)
     failed = None
     while open_pipes or any(p.poll() is None for p in procs):
@@ -143,7 +182,9 @@ def _supervise(
             lines = (partial[i] + chunk).split(b"\n")
             partial[i] = lines.pop()
             for line in lines:
-                stream.write(f"[{prefix}{i}] {line.decode(errors='replace')}\n")
+                text = line.decode(errors="replace")
+                tails[i].append(text)
+                stream.write(f"[{prefix}{i}] {text}\n")
             stream.flush()
         if not open_pipes:
             time.sleep(0.05)
@@ -154,7 +195,7 @@ def _supervise(
                     stop(procs)
                     break
     selector.close()
-    return failed
+    return failed, tails
 
 
 def stop(procs: Sequence[subprocess.Popen], grace_s: float = TERMINATE_GRACE_S) -> None:

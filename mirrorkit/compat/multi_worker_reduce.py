@@ -15,20 +15,14 @@ from __future__ import annotations
 
 import keras
 import tensorflow as tf
+from keras.src.backend.tensorflow import trainer
 
 from mirrorkit.compat._repair import Repair
 
 
-def _in_multi_worker_mode(strategy) -> bool:
-    return (
-        isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy)
-        and strategy.extended._in_multi_worker_mode()
-    )
-
-
 def _replacement(original):
     def reduce_per_replica(values, strategy, reduction):
-        if reduction in ("auto", "mean") and _in_multi_worker_mode(strategy):
+        if reduction in ("auto", "mean") and trainer._collective_all_reduce_multi_worker(strategy):
             return keras.tree.map_structure(lambda v: strategy.reduce("MEAN", v, axis=None), values)
         return original(values, strategy, reduction)
 

@@ -26,6 +26,11 @@ def tf_config(addresses: Sequence[str], index: int) -> str:
     )
 
 
+def worker_env(addresses: Sequence[str], index: int) -> dict[str, str]:
+    """Returns the environment variables mirrorkit gives worker `index` of a launch."""
+    return {"TF_CONFIG": tf_config(addresses, index), "MIRRORKIT_WORKER": str(index)}
+
+
 def local_addresses(num_workers: int, host: str = "127.0.0.1") -> list[str]:
     """Returns `num_workers` loopback addresses with free ports."""
     from mirrorkit.launcher.ports import free_ports

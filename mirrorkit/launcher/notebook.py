@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -62,15 +61,11 @@ def launch(
         )
     addresses = cluster_spec.local_addresses(num_workers)
 
-    def worker_env(i: int) -> dict[str, str]:
-        return {"TF_CONFIG": cluster_spec.tf_config(addresses, i), "MIRRORKIT_WORKER": str(i)}
-
     results = processes.run_function(
-        fn, args, num_processes=num_workers, env=worker_env, timeout_s=timeout_s
+        fn,
+        args,
+        num_processes=num_workers,
+        env=lambda i: cluster_spec.worker_env(addresses, i),
+        timeout_s=timeout_s,
     )
     return results[0]
-
-
-def in_launched_worker() -> bool:
-    """Whether this process was started by `launch` or `mirrorkit launch`."""
-    return "MIRRORKIT_WORKER" in os.environ

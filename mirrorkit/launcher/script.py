@@ -45,16 +45,17 @@ def run(args: argparse.Namespace) -> int:
     command = [sys.executable, *target, *args.args]
     addresses = cluster_spec.local_addresses(args.num_workers)
 
-    def env(i: int) -> dict[str, str]:
-        return {"TF_CONFIG": cluster_spec.tf_config(addresses, i), "MIRRORKIT_WORKER": str(i)}
-
     print(
         f"mirrorkit launch: {args.num_workers} workers on {', '.join(addresses)}",
         file=sys.stderr,
         flush=True,
     )
     try:
-        processes.run_commands([command] * args.num_workers, env=env, timeout_s=args.timeout_s)
+        processes.run_commands(
+            [command] * args.num_workers,
+            env=lambda i: cluster_spec.worker_env(addresses, i),
+            timeout_s=args.timeout_s,
+        )
     except processes.WorkerError as err:
         print(
             f"mirrorkit launch: worker {err.worker} failed with exit code {err.exit_code}; "

@@ -22,7 +22,7 @@ def make_data(num_examples: int = NUM_EXAMPLES, seed: int = 1):
     return x, y
 
 
-def make_model(optimizer: str, learning_rate: float):
+def make_model(optimizer: str, learning_rate: float, **compile_kwargs):
     import keras
 
     model = keras.Sequential(
@@ -39,6 +39,7 @@ def make_model(optimizer: str, learning_rate: float):
         optimizer=opt(learning_rate=learning_rate),
         loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
         metrics=["sparse_categorical_accuracy"],
+        **compile_kwargs,
     )
     rng = np.random.default_rng(7)
     model.set_weights(
@@ -47,14 +48,16 @@ def make_model(optimizer: str, learning_rate: float):
     return model
 
 
-def train_small_model(strategy, optimizer: str, learning_rate: float, epochs: int = 4):
+def train_small_model(
+    strategy, optimizer: str, learning_rate: float, epochs: int = 4, **compile_kwargs
+):
     """Trains 4 steps per epoch; returns (weights, history dict)."""
     import tensorflow as tf
 
     import mirrorkit as mk
 
     x, y = make_data()
-    model = mk.build(lambda: make_model(optimizer, learning_rate), strategy)
+    model = mk.build(lambda: make_model(optimizer, learning_rate, **compile_kwargs), strategy)
     data = tf.data.Dataset.from_tensor_slices((x, y)).batch(GLOBAL_BATCH)
     history = model.fit(data, epochs=epochs, verbose=0)
     return [w.copy() for w in model.get_weights()], dict(history.history)

@@ -27,10 +27,10 @@ def test_enable_is_idempotent_and_disable_restores():
 
     compat.disable()
     original = trainer.reduce_per_replica
-    assert compat.enable() == ["symbolic_build", "multi_worker_reduce"]
+    assert compat.enable() == ["symbolic_build", "multi_worker_reduce", "step_function"]
     patched = trainer.reduce_per_replica
     assert patched is not original and patched.__wrapped__ is original
-    assert compat.enable() == ["symbolic_build", "multi_worker_reduce"]
+    assert compat.enable() == ["symbolic_build", "multi_worker_reduce", "step_function"]
     assert trainer.reduce_per_replica is patched
     compat.disable()
     assert trainer.reduce_per_replica is original and compat.active() == []
@@ -42,7 +42,7 @@ def test_strategy_applies_what_it_needs():
     mk.strategy("one_device")
     assert compat.active() == []
     mk.strategy(cpu_replicas=2)
-    assert compat.active() == ["symbolic_build"]
+    assert compat.active() == ["symbolic_build", "step_function"]
     compat.enable()
 
 
@@ -134,3 +134,68 @@ def test_custom_loop_with_adam_after_build():
     model = mk.build(_model, strategy)
     assert model.optimizer.built
     assert _custom_loop(model, strategy) == 1
+
+
+def _train(strategy, **compile_kwargs):
+    from tests._training import train_small_model
+
+    return train_small_model(strategy, "adam", 0.01, epochs=2, **compile_kwargs)
+
+
+def _assert_same_training(a, b, atol=1e-5):
+    (weights_a, history_a), (weights_b, history_b) = a, b
+    for wa, wb in zip(weights_a, weights_b, strict=True):
+        np.testing.assert_allclose(wa, wb, atol=atol)
+    for key in history_a:
+        np.testing.assert_allclose(history_a[key], history_b[key], atol=atol)
+
+
+def test_steps_per_execution_fails_upstream(without_repairs):
+    strategy = mk.strategy(cpu_replicas=2)
+    compat.disable()
+    with pytest.raises(Exception, match="placeholder"):
+        _train(strategy, steps_per_execution=4)
+
+
+def test_steps_per_execution_on_two_replicas_equals_one_device():
+    reference = _train(mk.strategy("one_device"))
+    _assert_same_training(_train(mk.strategy(cpu_replicas=2), steps_per_execution=4), reference)
+    _assert_same_training(_train(mk.strategy(cpu_replicas=2), steps_per_execution=3), reference)
+
+
+def test_jit_compile_fails_upstream(without_repairs):
+    strategy = mk.strategy(cpu_replicas=2)
+    compat.disable()
+    with pytest.raises(Exception, match="located in device"):
+        _train(strategy, jit_compile=True)
+
+
+def test_jit_compile_on_two_replicas_trains_and_says_so(capfd):
+    reference = _train(mk.strategy("one_device"))
+    _assert_same_training(_train(mk.strategy(cpu_replicas=2), jit_compile=True), reference)
+    assert "XLA cannot compile a step that spans" in capfd.readouterr().err
+
+
+@pytest.fixture
+def mixed_float16():
+    keras.mixed_precision.set_global_policy("mixed_float16")
+    yield
+    keras.mixed_precision.set_global_policy("float32")
+
+
+def test_mixed_precision_with_jit_fails_upstream(without_repairs, mixed_float16):
+    strategy = mk.strategy(cpu_replicas=2)
+    compat.disable()
+    with pytest.raises(Exception, match="located in device|merge_call"):
+        _train(strategy, jit_compile=True)
+
+
+def test_mixed_precision_with_jit_and_steps_per_execution_trains(mixed_float16):
+    strategy = mk.strategy(cpu_replicas=2)
+    weights, history = _train(strategy, jit_compile=True, steps_per_execution=2)
+    assert np.isfinite(history["loss"]).all() and len(history["loss"]) == 2
+    # Same run with float32 math off XLA: mixed precision changes numbers only a little.
+    keras.mixed_precision.set_global_policy("float32")
+    reference_weights, _ = _train(mk.strategy("one_device"))
+    for w, ref in zip(weights, reference_weights, strict=True):
+        np.testing.assert_allclose(w, ref, atol=5e-2)

@@ -4,6 +4,8 @@ Each test starts fresh worker processes with TF_CONFIG naming both; nothing in
 tf.distribute is mocked.
 """
 
+import re
+
 import numpy as np
 import pytest
 from _multiworker import run_workers
@@ -166,3 +168,79 @@ def test_multi_worker_scalar_reduce_fails_upstream():
 def test_compat_enable_repairs_a_hand_made_strategy():
     losses = run_workers(_raw_keras_fit, True, n=2)
     assert losses[0] == losses[1] and np.isfinite(losses[0]).all()
+
+
+def _fit_with_backup_and_checkpoints(directory, epochs, repairs=True, steps_per_execution=1):
+    """Trains SGD with BackupAndRestore and ModelCheckpoint into one shared directory."""
+    import os
+
+    import keras
+    import tensorflow as tf
+    from _training import GLOBAL_BATCH, make_data, make_model
+
+    import mirrorkit as mk
+
+    if not repairs:
+        mk.compat.disable()
+    strategy = mk.strategy() if repairs else tf.distribute.MultiWorkerMirroredStrategy()
+    if not repairs:
+        from mirrorkit.compat import multi_worker_reduce, step_function, symbolic_build
+
+        for repair in (symbolic_build, multi_worker_reduce, step_function):
+            repair.REPAIR.apply()
+    with strategy.scope():
+        model = make_model("sgd", 0.1, steps_per_execution=steps_per_execution)
+    saves = []
+    for name in ("save", "save_weights"):
+        method = getattr(model, name)
+        setattr(model, name, lambda *a, _m=method, **k: saves.append(name) or _m(*a, **k))
+    x, y = make_data()
+    history = model.fit(
+        tf.data.Dataset.from_tensor_slices((x, y)).batch(GLOBAL_BATCH),
+        epochs=epochs,
+        verbose=0,
+        callbacks=[
+            keras.callbacks.BackupAndRestore(
+                os.path.join(directory, "backup"), delete_checkpoint=False
+            ),
+            keras.callbacks.ModelCheckpoint(os.path.join(directory, "ckpt", "m-{epoch}.keras")),
+        ],
+    )
+    return model.get_weights(), history.history, len(saves)
+
+
+def test_backup_and_checkpoint_fail_upstream(tmp_path):
+    # UPSTREAM.md item 4: every worker writes the same files; the job dies on the race.
+    failures = 0
+    for attempt in range(3):
+        try:
+            run_workers(_fit_with_backup_and_checkpoints, str(tmp_path / str(attempt)), 6, False)
+        except WorkerError as err:
+            assert re.search("FileExistsError|unable to lock|Unable to|exists", str(err))
+            failures += 1
+    assert failures > 0
+
+
+def test_chief_writes_backups_and_checkpoints_and_every_worker_resumes(tmp_path):
+    import os
+
+    directory = str(tmp_path)
+    first = run_workers(_fit_with_backup_and_checkpoints, directory, 2, True, 2)
+    assert first[0][2] > 0 and first[1][2] == 0  # the chief saved, the other worker did not
+    assert sorted(os.listdir(tmp_path / "ckpt")) == ["m-1.keras", "m-2.keras"]
+    # A restarted job resumes from the chief's backup on both workers: epochs 3-4 only.
+    resumed = run_workers(_fit_with_backup_and_checkpoints, directory, 4, True, 2)
+    uninterrupted = run_function(_single_process_sgd_fit, (4,), timeout_s=300)[0]
+    for weights, history, _ in resumed:
+        assert len(history["loss"]) == 2
+        np.testing.assert_allclose(history["loss"], uninterrupted[1]["loss"][2:], atol=TOLERANCE)
+        for got, want in zip(weights, uninterrupted[0], strict=True):
+            np.testing.assert_allclose(got, want, rtol=0, atol=TOLERANCE)
+
+
+def _single_process_sgd_fit(epochs):
+    from _training import train_small_model
+
+    import mirrorkit as mk
+
+    return train_small_model(mk.strategy("one_device"), "sgd", 0.1, epochs=epochs)

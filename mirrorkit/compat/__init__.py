@@ -10,6 +10,8 @@ idempotent, and each applied repair is said once on the chief.
 | --- | --- | --- |
 | ``symbolic_build`` | keras#20585, #19246 | multi-worker ``fit``/``evaluate``; a first batch smaller than the replica count; string inputs |
 | ``multi_worker_reduce`` | keras#20585 | multi-worker losses and metrics (``axis=0`` on scalars) |
+| ``step_function`` | keras#21366, tensorflow#56423 | ``steps_per_execution > 1`` and ``jit_compile=True`` with several replicas |
+| ``chief_backup_*``, ``chief_checkpoint_save`` | UPSTREAM.md item 4 | ``BackupAndRestore``/``ModelCheckpoint`` written by every worker |
 | optimizer state built by `mk.build` | keras#23085 | custom ``tf.function`` loops with Adam under a strategy |
 """  # noqa: E501
 
@@ -19,10 +21,15 @@ import keras
 import tensorflow as tf
 
 from mirrorkit import chief
-from mirrorkit.compat import multi_worker_reduce, symbolic_build
+from mirrorkit.compat import chief_files, multi_worker_reduce, step_function, symbolic_build
 from mirrorkit.compat._repair import VERIFIED_KERAS, Repair, keras_version
 
-REPAIRS: tuple[Repair, ...] = (symbolic_build.REPAIR, multi_worker_reduce.REPAIR)
+REPAIRS: tuple[Repair, ...] = (
+    symbolic_build.REPAIR,
+    multi_worker_reduce.REPAIR,
+    step_function.REPAIR,
+    *chief_files.REPAIRS,
+)
 
 
 def enable(strategy: tf.distribute.Strategy | None = None) -> list[str]:

@@ -15,6 +15,15 @@ from mirrorkit import chief
 VERIFIED_KERAS = ((3, 10), (3, 15))
 
 
+def spans_replicas(strategy: Any) -> bool:
+    """Whether `strategy` runs more than one replica or spans several workers."""
+    import tensorflow as tf
+
+    return strategy.num_replicas_in_sync > 1 or isinstance(
+        strategy, tf.distribute.MultiWorkerMirroredStrategy
+    )
+
+
 def keras_version() -> tuple[int, int]:
     """Keras's (major, minor) version."""
     major, minor = keras.__version__.split(".")[:2]

@@ -18,7 +18,7 @@ from __future__ import annotations
 import keras
 import tensorflow as tf
 
-from mirrorkit.compat._repair import Repair
+from mirrorkit.compat._repair import Repair, spans_replicas
 
 
 def _first_local(value):
@@ -42,17 +42,11 @@ def _replacement(original):
     return _maybe_symbolic_build
 
 
-def _applies_to(strategy) -> bool:
-    return strategy.num_replicas_in_sync > 1 or isinstance(
-        strategy, tf.distribute.MultiWorkerMirroredStrategy
-    )
-
-
 REPAIR = Repair(
     name="symbolic_build",
     upstream="keras-team/keras#20585, #19246; UPSTREAM.md items 1 and 10",
     module="keras.src.backend.tensorflow.trainer",
     target="TensorFlowTrainer._maybe_symbolic_build",
     replacement=_replacement,
-    applies_to=_applies_to,
+    applies_to=spans_replicas,
 )

@@ -1,0 +1,64 @@
+"""Repair: only the chief writes checkpoints and backups in a multi-worker job.
+
+Upstream: UPSTREAM.md item 4. Keras 3's callbacks have no notion of a chief
+(tf-keras had ``distributed_file_utils``; Keras 3 has none), so under
+MultiWorkerMirroredStrategy every worker writes the same paths:
+``BackupAndRestore(dir)`` kills the job when one worker's ``makedirs`` raises
+``FileExistsError`` or h5py cannot lock ``latest.weights.h5`` that another is
+writing, and ``ModelCheckpoint`` has every worker write the same file each
+epoch (a race on shared storage).
+
+Every worker holds the same weights after each synchronous step, and reading
+a mirrored variable needs no collective, so the chief alone can write: the
+replacements skip ``BackupAndRestore``'s save and clean-up and
+``ModelCheckpoint``'s save on the other workers. Restoring is unchanged: each
+worker reads the chief's backup at the start of ``fit``, which needs the
+backup directory on storage every worker sees (one machine, or a shared file
+system), as Keras's own multi-worker fault tolerance always has. Verified on
+Keras 3.10-3.15.1.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import tensorflow as tf
+
+from mirrorkit import chief
+from mirrorkit.compat._repair import Repair
+
+_MODULE_BACKUP = "keras.src.callbacks.backup_and_restore"
+_MODULE_CHECKPOINT = "keras.src.callbacks.model_checkpoint"
+
+
+def _on_chief_only(original):
+    @functools.wraps(original)
+    def chief_only(self, *args, **kwargs):
+        if chief.is_chief():
+            return original(self, *args, **kwargs)
+        return None
+
+    chief_only.__wrapped__ = original
+    return chief_only
+
+
+def _multi_worker(strategy) -> bool:
+    return isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy)
+
+
+def _repair(name: str, module: str, target: str) -> Repair:
+    return Repair(
+        name=name,
+        upstream="UPSTREAM.md item 4 (no chief-aware callbacks in Keras 3)",
+        module=module,
+        target=target,
+        replacement=_on_chief_only,
+        applies_to=_multi_worker,
+    )
+
+
+REPAIRS = (
+    _repair("chief_backup_save", _MODULE_BACKUP, "BackupAndRestore._save_model"),
+    _repair("chief_backup_cleanup", _MODULE_BACKUP, "BackupAndRestore.on_train_end"),
+    _repair("chief_checkpoint_save", _MODULE_CHECKPOINT, "ModelCheckpoint._save_model"),
+)

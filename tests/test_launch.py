@@ -1,7 +1,9 @@
 """`mirrorkit launch` and `mk.launch` with real workers."""
 
+import json
 import os
 import re
+import socket
 import subprocess
 import sys
 import textwrap
@@ -26,13 +28,19 @@ def _launch(*args, timeout=240):
     )
 
 
-def test_multiworker_quickstart_runs_under_launch():
-    done = _launch("-n", "2", "examples/multiworker_quickstart.py")
+def test_multiworker_quickstart_runs_under_launch(tmp_path):
+    logs = tmp_path / "logs"
+    done = _launch("-n", "2", "--log-dir", str(logs), "examples/multiworker_quickstart.py")
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     sums = re.findall(r"\[w(\d)\] worker (\d): weight checksum (\S+)", done.stdout)
     assert sorted((w, i) for w, i, _ in sums) == [("0", "0"), ("1", "1")]
     assert sums[0][2] == sums[1][2]  # the same weights on both workers
     assert "[w0] final: loss" in done.stdout and "[w1] final" not in done.stdout
+    # --log-dir: one unprefixed log per worker.
+    assert sorted(os.listdir(logs)) == ["worker-0.log", "worker-1.log"]
+    for i in (0, 1):
+        text = (logs / f"worker-{i}.log").read_text()
+        assert f"worker {i}: weight checksum {sums[0][2]}" in text and "[w" not in text
 
 
 FAILING_SCRIPT = """
@@ -114,3 +122,166 @@ def test_mk_launch_refuses_inside_a_worker(monkeypatch):
 def test_launch_rejects_zero_workers():
     done = _launch("-n", "0", "examples/multiworker_quickstart.py", timeout=60)
     assert done.returncode == 2 and "-n must be at least 1" in done.stderr
+
+
+REPORT_CPUS = """
+import json, os, sys
+with open(os.path.join(sys.argv[1], os.environ["MIRRORKIT_WORKER"]), "w") as f:
+    json.dump([sorted(os.sched_getaffinity(0)), os.environ.get("TF_NUM_INTRAOP_THREADS")], f)
+"""
+
+
+def _cpus_seen(tmp_path, *flags):
+    script = tmp_path / "cpus.py"
+    script.write_text(REPORT_CPUS)
+    out = tmp_path / ("out" + "".join(flags))
+    out.mkdir()
+    done = _launch("-n", "2", *flags, str(script), str(out), timeout=60)
+    assert done.returncode == 0, done.stderr
+    return done.stderr, [json.loads((out / str(i)).read_text()) for i in range(2)]
+
+
+def test_launch_pins_each_worker_to_its_own_cpus(tmp_path):
+    machine = sorted(os.sched_getaffinity(0))
+    said, seen = _cpus_seen(tmp_path)
+    if len(machine) >= 2:
+        (cpus0, threads0), (cpus1, threads1) = seen
+        assert cpus0 and cpus1 and not set(cpus0) & set(cpus1)
+        assert sorted(cpus0 + cpus1) == machine
+        assert (threads0, threads1) == (str(len(cpus0)), str(len(cpus1)))
+        assert said.count("pinning each worker to its own CPUs") == 1
+    else:
+        assert "not pinning: 2 workers but only 1 CPUs" in said
+    said, seen = _cpus_seen(tmp_path, "--no-pin")
+    assert [cpus for cpus, _ in seen] == [machine, machine]
+    assert "pinning" not in said
+
+
+HOLD_SERVER = """
+import os, sys, time
+import mirrorkit as mk
+mk.strategy()  # starts this worker's TensorFlow gRPC server
+with open(os.path.join(sys.argv[1], os.environ["MIRRORKIT_WORKER"]), "w") as f:
+    f.write(os.environ["TF_CONFIG"])
+deadline = time.time() + 90
+while not os.path.exists(os.path.join(sys.argv[1], "done")) and time.time() < deadline:
+    time.sleep(0.2)
+"""
+
+
+def _listening_ports():
+    ports = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with open(table) as f:
+            for row in f.readlines()[1:]:
+                local, state = row.split()[1], row.split()[3]
+                if state == "0A":  # LISTEN
+                    ports.add(int(local.rsplit(":", 1)[1], 16))
+    return ports
+
+
+def _worker_ports_reachable_from_outside(tmp_path, *flags):
+    """Starts 2 workers that hold their servers open; checks their ports from this process."""
+    script = tmp_path / "hold.py"
+    script.write_text(HOLD_SERVER)
+    out = tmp_path / ("out" + "".join(flags))
+    out.mkdir()
+    job = subprocess.Popen(
+        [sys.executable, "-m", "mirrorkit", "launch", "-n", "2", *flags, str(script), str(out)],
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + 90
+        while len([p for p in os.listdir(out) if p != "done"]) < 2:
+            assert job.poll() is None and time.monotonic() < deadline, "workers did not start"
+            time.sleep(0.2)
+        config = json.loads((out / "0").read_text())
+        ports = {int(a.rsplit(":", 1)[1]) for a in config["cluster"]["worker"]}
+        listening = ports & _listening_ports()
+        connectable = set()
+        for port in ports:
+            with socket.socket() as sock:
+                sock.settimeout(2)
+                if sock.connect_ex(("127.0.0.1", port)) == 0:
+                    connectable.add(port)
+        return listening, connectable
+    finally:
+        (out / "done").touch()
+        _, said = job.communicate(timeout=60)
+        assert job.returncode == 0, said
+
+
+def test_local_workers_are_unreachable_from_outside_the_job(tmp_path):
+    from mirrorkit.launcher import netns
+
+    if netns.check() is None:
+        assert _worker_ports_reachable_from_outside(tmp_path) == (set(), set())
+    # The same check sees the servers when they share this machine's network.
+    listening, connectable = _worker_ports_reachable_from_outside(tmp_path, "--shared-network")
+    assert len(listening) == 2 and len(connectable) == 2
+
+
+def test_launch_warns_when_no_private_network_is_possible(monkeypatch, capfd):
+    from mirrorkit.launcher import hosts, netns, script
+
+    monkeypatch.setattr(netns, "check", lambda: "unshare: Operation not permitted")
+    job = hosts.Layout(("127.0.0.1:1", "127.0.0.1:2"), 0, 2, False)
+    assert script.plan_network(job, True) is False
+    said = capfd.readouterr().err
+    assert "WARNING: could not make a private network namespace (unshare: Operation" in said
+    assert "no authentication and listen on every interface" in said
+
+
+def test_two_hosts_on_loopback_train_together(tmp_path):
+    from mirrorkit.launcher.ports import free_ports
+
+    port_a, port_b = free_ports(2)
+    hosts = f"127.0.0.1:{port_a},127.0.0.2:{port_b}"
+    nodes = [
+        subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "mirrorkit",
+                "launch",
+                "-n",
+                "1",
+                "--nnodes",
+                "2",
+                "--node-rank",
+                str(rank),
+                "--hosts",
+                hosts,
+                "examples/multiworker_quickstart.py",
+            ],
+            cwd=ROOT,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for rank in (0, 1)
+    ]
+    outputs = [node.communicate(timeout=240) for node in nodes]
+    for node, (out, err) in zip(nodes, outputs, strict=True):
+        assert node.returncode == 0, out[-2000:] + err[-2000:]
+        assert "WARNING: multi-host job" in err
+    sums = [re.search(r"worker (\d): weight checksum (\S+)", out).groups() for out, _ in outputs]
+    assert [rank for rank, _ in sums] == ["0", "1"] and sums[0][1] == sums[1][1]
+
+
+@pytest.mark.parametrize(
+    "flags, message",
+    [
+        (["--nnodes", "2"], "--nnodes and --node-rank need --hosts"),
+        (["--hosts", "a,b", "--node-rank", "2"], "--node-rank 2 is outside the 2 hosts"),
+        (["--hosts", "a,b"], "--hosts needs --node-rank"),
+        (["--hosts", "a,b", "--nnodes", "3", "--node-rank", "0"], "--nnodes 3 but --hosts names 2"),
+        (["--hosts", "a:x,b", "--node-rank", "0"], "must be HOST or HOST:PORT"),
+    ],
+)
+def test_launch_rejects_inconsistent_multi_host_flags(flags, message):
+    done = _launch(*flags, "examples/multiworker_quickstart.py", timeout=60)
+    assert done.returncode == 2 and message in done.stderr

@@ -6,7 +6,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from mirrorkit import cluster
-from mirrorkit.launcher import cluster_spec, processes
+from mirrorkit.launcher import cluster_spec, hosts, processes, script
 
 
 def launch(
@@ -15,6 +15,8 @@ def launch(
     args: Sequence[Any] = (),
     *,
     timeout_s: float | None = None,
+    pin_cpus: bool = True,
+    private_network: bool = True,
 ) -> Any:
     """Runs ``fn(*args)`` in `num_workers` fresh worker processes of one job.
 
@@ -29,6 +31,12 @@ def launch(
         num_workers: how many workers.
         args: positional arguments for ``fn``, the same for every worker.
         timeout_s: stop every worker and raise `TimeoutError` after this long.
+        pin_cpus: give each worker its own CPU cores and TensorFlow thread
+            pools of that size (said once; skipped when there are fewer cores
+            than workers).
+        private_network: run the workers in a private network namespace so
+            their unauthenticated TensorFlow servers are unreachable from
+            outside; where the platform does not allow it, a warning says so.
 
     Returns:
         Worker 0's (the chief's) return value.
@@ -60,12 +68,14 @@ def launch(
             "mk.launch from a plain notebook or script, or call the function directly here."
         )
     addresses = cluster_spec.local_addresses(num_workers)
-
+    job = hosts.Layout(tuple(addresses), 0, num_workers, False)
     results = processes.run_function(
         fn,
         args,
         num_processes=num_workers,
         env=lambda i: cluster_spec.worker_env(addresses, i),
         timeout_s=timeout_s,
+        cpus=script.plan_cpus(num_workers, pin_cpus),
+        private_network=script.plan_network(job, private_network),
     )
     return results[0]

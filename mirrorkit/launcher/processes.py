@@ -10,6 +10,7 @@ is prefixed with its worker, and the first failure stops the rest.
 from __future__ import annotations
 
 import collections
+import json
 import os
 import selectors
 import signal
@@ -18,9 +19,11 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, TextIO
+from typing import Any, BinaryIO, TextIO
 
 import cloudpickle
+
+from mirrorkit.launcher import pinning
 
 #: Output lines of each worker kept for the error message of a failed worker.
 TAIL_LINES = 60
@@ -55,6 +58,8 @@ def run_function(
     timeout_s: float | None = None,
     stream: TextIO | None = None,
     prefix: str = "w",
+    cpus: Sequence[Sequence[int]] | None = None,
+    private_network: bool = False,
 ) -> list[Any]:
     """Calls ``fn(*args)`` once in each of N fresh Python processes.
 
@@ -66,6 +71,8 @@ def run_function(
         timeout_s: stop every process and raise `TimeoutError` after this long.
         stream: where output lines go (``[w0] ...``); `sys.stdout` when None.
         prefix: the label before each process's index in output lines.
+        cpus: ``cpus[i]`` are the only CPUs process i may run on.
+        private_network: run the processes in one new network namespace.
 
     Returns:
         Each process's return value, in process order.
@@ -96,7 +103,15 @@ def run_function(
             for i in range(num_processes)
         ]
         try:
-            run_commands(commands, env=env, timeout_s=timeout_s, stream=stream, prefix=prefix)
+            run_commands(
+                commands,
+                env=env,
+                timeout_s=timeout_s,
+                stream=stream,
+                prefix=prefix,
+                cpus=cpus,
+                private_network=private_network,
+            )
         except WorkerError as err:
             raise WorkerError(
                 err.worker, err.exit_code, _read_error(results[err.worker]) or err.worker_traceback
@@ -111,8 +126,14 @@ def run_commands(
     timeout_s: float | None = None,
     stream: TextIO | None = None,
     prefix: str = "w",
+    log_dir: str | None = None,
+    cpus: Sequence[Sequence[int]] | None = None,
+    private_network: bool = False,
 ) -> None:
     """Runs one command per worker, streams prefixed output, fails fast.
+
+    Every worker is killed if this process dies (Linux), so none outlives
+    its launcher.
 
     Args:
         commands: ``commands[i]`` is worker i's argument vector.
@@ -120,22 +141,104 @@ def run_commands(
         timeout_s: stop every worker and raise `TimeoutError` after this long.
         stream: where output lines go; `sys.stdout` when None.
         prefix: the label before each worker's index in output lines.
+        log_dir: also write worker i's output, unprefixed, to
+            ``log_dir/worker-i.log``.
+        cpus: ``cpus[i]`` are the only CPUs worker i may run on, with
+            TensorFlow's thread pools sized to match (see `pinning`).
+        private_network: run every worker inside one new network namespace
+            (see `netns`), so their servers are unreachable from outside.
 
     Raises:
         WorkerError: the first worker that exited non-zero (its last output
             lines attached); every other worker was stopped first.
         TimeoutError: the workers did not finish in ``timeout_s``.
     """
+    envs = [_worker_env(env, cpus, i) for i in range(len(commands))]
+    commands = [_pinned(command, cpus[i] if cpus else None) for i, command in enumerate(commands)]
+    if private_network:
+        _run_in_private_network(commands, envs, timeout_s, stream, prefix, log_dir)
+        return
     procs = []
+    logs = _open_logs(log_dir, len(commands))
     try:
-        for i, command in enumerate(commands):
-            procs.append(_start(command, dict(env(i)) if env else {}))
-        failed, tails = _supervise(procs, stream or sys.stdout, prefix, timeout_s)
+        for command, extra_env in zip(commands, envs, strict=True):
+            procs.append(_start(command, extra_env))
+        failed, tails = _supervise(procs, stream or sys.stdout, prefix, timeout_s, logs)
     except BaseException:
         stop(procs)
         raise
+    finally:
+        for log in logs:
+            log.close()
     if failed is not None:
         raise WorkerError(failed, procs[failed].returncode, "\n".join(tails[failed]))
+
+
+def _worker_env(
+    env: Callable[[int], Mapping[str, str]] | None, cpus: Sequence[Sequence[int]] | None, i: int
+) -> dict[str, str]:
+    extra = dict(env(i)) if env else {}
+    if cpus:
+        for name, value in pinning.thread_env(len(cpus[i])).items():
+            if name not in os.environ:  # the user's own thread settings win
+                extra.setdefault(name, value)
+    return extra
+
+
+def _pinned(command: Sequence[str], cpus: Sequence[int] | None) -> list[str]:
+    """Wraps `command` so it dies with this process and, given `cpus`, runs only on them."""
+    pin = ["--cpus", ",".join(map(str, cpus))] if cpus else []
+    return [sys.executable, "-m", "mirrorkit.launcher._exec", *pin, "--", *command]
+
+
+def _open_logs(log_dir: str | None, count: int) -> list[BinaryIO]:
+    if log_dir is None:
+        return []
+    os.makedirs(log_dir, exist_ok=True)
+    return [open(os.path.join(log_dir, f"worker-{i}.log"), "wb") for i in range(count)]
+
+
+def _run_in_private_network(
+    commands: list[list[str]],
+    envs: list[dict[str, str]],
+    timeout_s: float | None,
+    stream: TextIO | None,
+    prefix: str,
+    log_dir: str | None,
+) -> None:
+    """Runs `run_commands` in a sandbox process that owns a new network namespace."""
+    with tempfile.TemporaryDirectory(prefix="mirrorkit-") as workdir:
+        spec = os.path.join(workdir, "spec.json")
+        result = os.path.join(workdir, "result.json")
+        with open(spec, "w") as f:
+            json.dump(
+                {
+                    "commands": commands,
+                    "envs": envs,
+                    "timeout_s": timeout_s,
+                    "prefix": prefix,
+                    "log_dir": log_dir and os.path.abspath(log_dir),
+                },
+                f,
+            )
+        sandbox = [sys.executable, "-m", "mirrorkit.launcher._sandbox", spec, result]
+        procs = [_start(_pinned(sandbox, None), {})]
+        try:
+            _supervise(procs, stream or sys.stdout, None, None, [])
+        except BaseException:
+            stop(procs, grace_s=TERMINATE_GRACE_S + 5)  # the sandbox stops its workers first
+            raise
+        try:
+            with open(result) as f:
+                outcome = json.load(f)
+        except (OSError, ValueError):
+            raise WorkerError(-1, procs[0].returncode, "the launch sandbox failed") from None
+    if outcome["status"] == "failed":
+        raise WorkerError(outcome["worker"], outcome["exit_code"], outcome["tail"])
+    if outcome["status"] == "timeout":
+        raise TimeoutError(outcome["message"])
+    if outcome["status"] == "interrupted":
+        raise KeyboardInterrupt
 
 
 def _start(command: Sequence[str], extra_env: Mapping[str, str]) -> subprocess.Popen:
@@ -157,9 +260,16 @@ def _start(command: Sequence[str], extra_env: Mapping[str, str]) -> subprocess.P
 
 
 def _supervise(
-    procs: list[subprocess.Popen], stream: TextIO, prefix: str, timeout_s: float | None
+    procs: list[subprocess.Popen],
+    stream: TextIO,
+    prefix: str | None,
+    timeout_s: float | None,
+    logs: Sequence[BinaryIO],
 ) -> tuple[int | None, list[collections.deque]]:
-    """Streams output until all exit; returns the first failed index and output tails."""
+    """Streams output until all exit; returns the first failed index and output tails.
+
+    A `prefix` of None passes lines through unlabelled (they already are).
+    """
     deadline = None if timeout_s is None else time.monotonic() + timeout_s
     selector = selectors.DefaultSelector()
     for i, proc in enumerate(procs):
@@ -184,8 +294,12 @@ def _supervise(
             for line in lines:
                 text = line.decode(errors="replace")
                 tails[i].append(text)
-                stream.write(f"[{prefix}{i}] {text}\n")
+                stream.write(text + "\n" if prefix is None else f"[{prefix}{i}] {text}\n")
+                if logs:
+                    logs[i].write(line + b"\n")
             stream.flush()
+            for log in logs:
+                log.flush()
         if not open_pipes:
             time.sleep(0.05)
         if failed is None:

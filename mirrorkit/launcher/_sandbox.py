@@ -1,0 +1,56 @@
+"""Supervise a launch's workers from inside a new network namespace.
+
+Usage: ``python -m mirrorkit.launcher._sandbox SPEC RESULT``. Enters a private
+network namespace (see `netns`), runs the workers that SPEC (JSON) describes
+with `processes.run_commands`, streaming their prefixed output, and writes the
+outcome to RESULT (JSON) for the launcher outside. SIGTERM stops every worker.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import sys
+
+
+def _interrupt(signum, frame):
+    raise KeyboardInterrupt
+
+
+def main(spec_path: str, result_path: str) -> int:
+    """Runs the job in SPEC; returns this process's exit code."""
+    from mirrorkit.launcher import netns
+
+    netns.enter()  # first, while this process has one thread
+    signal.signal(signal.SIGTERM, _interrupt)
+    from mirrorkit.launcher import processes
+
+    with open(spec_path) as f:
+        spec = json.load(f)
+    outcome = {"status": "ok"}
+    try:
+        processes.run_commands(
+            spec["commands"],
+            env=lambda i: spec["envs"][i],
+            timeout_s=spec["timeout_s"],
+            prefix=spec["prefix"],
+            log_dir=spec["log_dir"],
+        )
+    except processes.WorkerError as err:
+        outcome = {
+            "status": "failed",
+            "worker": err.worker,
+            "exit_code": err.exit_code,
+            "tail": err.worker_traceback,
+        }
+    except TimeoutError as err:
+        outcome = {"status": "timeout", "message": str(err)}
+    except KeyboardInterrupt:
+        outcome = {"status": "interrupted"}
+    with open(result_path, "w") as f:
+        json.dump(outcome, f)
+    return 0 if outcome["status"] == "ok" else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1], sys.argv[2]))

@@ -1,0 +1,107 @@
+"""Which workers run where: the cluster layout of a local or multi-host launch.
+
+Every host of a multi-host job runs ``mirrorkit launch`` with the same
+``--hosts`` (or inside the same Slurm allocation), so every host computes the
+same worker list: host k's local worker j is global worker ``k * nproc + j``
+and listens on ``port + j`` of host k.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from collections.abc import Mapping, Sequence
+
+#: First port of each host's workers when ``--hosts`` gives none.
+DEFAULT_PORT = 29470
+
+
+@dataclasses.dataclass(frozen=True)
+class Layout:
+    """The workers of one job and which of them this host runs.
+
+    Attributes:
+        addresses: ``host:port`` of every worker, in rank order.
+        first_rank: the rank of this host's first worker.
+        local_workers: how many workers this host runs.
+        multi_host: whether the job spans several hosts.
+    """
+
+    addresses: tuple[str, ...]
+    first_rank: int
+    local_workers: int
+    multi_host: bool
+
+    @property
+    def local_ranks(self) -> range:
+        """The global ranks of this host's workers."""
+        return range(self.first_rank, self.first_rank + self.local_workers)
+
+
+def expand_hostlist(text: str) -> list[str]:
+    """Expands a Slurm hostlist such as ``node[01-03,07],gpu5``.
+
+    Example:
+    >>> expand_hostlist("node[01-03,07],gpu5")
+    ['node01', 'node02', 'node03', 'node07', 'gpu5']
+    """
+    hosts = []
+    for prefix, ranges, suffix in re.findall(r"([^,\[]+)(?:\[([^\]]+)\])?([^,\[]*)", text):
+        if not ranges:
+            hosts.append(prefix + suffix)
+            continue
+        for part in ranges.split(","):
+            low, _, high = part.partition("-")
+            for number in range(int(low), int(high or low) + 1):
+                hosts.append(f"{prefix}{number:0{len(low)}d}{suffix}")
+    return hosts
+
+
+def multi_host(
+    hosts: Sequence[str], node_rank: int, nproc: int, port: int = DEFAULT_PORT
+) -> Layout:
+    """The layout of a job over `hosts`, as seen from host number `node_rank`.
+
+    Args:
+        hosts: every host's name or address, optionally ``host:port`` to give
+            that host's first worker port; the same list on every host.
+        node_rank: this host's position in `hosts`.
+        nproc: workers per host.
+        port: first worker port on hosts that name none.
+
+    Raises:
+        ValueError: `node_rank` is outside `hosts`, or a port is not a number.
+
+    Example:
+    >>> multi_host(["a", "b:3000"], 1, 2).addresses
+    ('a:29470', 'a:29471', 'b:3000', 'b:3001')
+    """
+    if not 0 <= node_rank < len(hosts):
+        raise ValueError(
+            f"--node-rank {node_rank} is outside the {len(hosts)} hosts "
+            f"({', '.join(hosts)}); it must be 0 to {len(hosts) - 1}"
+        )
+    addresses = []
+    for host in hosts:
+        name, _, first = host.rpartition(":") if ":" in host else (host, "", str(port))
+        if not first.isdigit():
+            raise ValueError(f"host {host!r} in --hosts must be HOST or HOST:PORT")
+        addresses += [f"{name}:{int(first) + j}" for j in range(nproc)]
+    return Layout(tuple(addresses), node_rank * nproc, nproc, len(hosts) > 1)
+
+
+def from_slurm(env: Mapping[str, str], nproc: int, port: int = DEFAULT_PORT) -> Layout | None:
+    """The layout of a launch inside a multi-node Slurm allocation, or None outside one.
+
+    Uses ``SLURM_JOB_NODELIST`` (or ``SLURM_STEP_NODELIST``) for the hosts and
+    ``SLURM_NODEID`` for this host's rank; run one ``mirrorkit launch`` per
+    node (``srun --ntasks-per-node=1``).
+    """
+    nodelist = env.get("SLURM_STEP_NODELIST") or env.get("SLURM_JOB_NODELIST")
+    node_id = env.get("SLURM_NODEID")
+    if not nodelist or node_id is None:
+        return None
+    hosts = expand_hostlist(nodelist)
+    if len(hosts) < 2:
+        return None
+    return multi_host(hosts, int(node_id), nproc, port)

@@ -29,6 +29,7 @@ _PUBLIC = {
     "print": "mirrorkit.chief",
     "compat": "mirrorkit.compat",
     "launch": "mirrorkit.launcher.notebook",
+    "distribute": "mirrorkit.pipeline.distributed",
 }
 
 _MODULES = {"compat"}

@@ -6,6 +6,7 @@ names the accepted values or what exists on this machine.
 
 from __future__ import annotations
 
+import itertools
 import os
 from collections.abc import Callable, Sequence
 
@@ -351,8 +352,10 @@ def _mirrored(*, devices, num_gpus, cpu_replicas, all_reduce, bucket_mb, timeout
     plan = allreduce.plan_mirrored(
         all_reduce, on_gpus=on_gpus, bucket_mb=bucket_mb, timeout_s=timeout_s
     )
-    made = tf.distribute.MirroredStrategy(
-        devices=[f"/{d}" for d in devices], cross_device_ops=plan.cross_device_ops
+    made = _with_own_collective_keys(
+        lambda: tf.distribute.MirroredStrategy(
+            devices=[f"/{d}" for d in devices], cross_device_ops=plan.cross_device_ops
+        )
     )
     if plan.options is not None:
         # MirroredStrategy takes no CommunicationOptions in its constructor; its
@@ -360,6 +363,33 @@ def _mirrored(*, devices, num_gpus, cpu_replicas, all_reduce, bucket_mb, timeout
         extended = made.extended
         extended._communication_options = extended._communication_options.merge(plan.options)
     return made
+
+
+#: Collective group keys reserved for each MirroredStrategy mirrorkit makes.
+_KEYS_PER_STRATEGY = 100_000
+_strategies_made = itertools.count()
+
+
+def _with_own_collective_keys(make):
+    """Makes a MirroredStrategy whose collective group keys no earlier one uses.
+
+    Every MirroredStrategy numbers its collective groups from 1, so a second
+    strategy with a different replica count in the same process (a notebook
+    going from 4 replicas to 2) joins group 1 with the wrong size and fails
+    ("is joining a group with size 2, but that group has size 4"). The class
+    attribute ``_collective_key_base`` (TF 2.17-2.21) offsets the keys; it is
+    set for the construction only.
+    """
+    cls = tf.distribute.MirroredStrategy
+    saved = cls.__dict__.get("_collective_key_base", None)
+    cls._collective_key_base = next(_strategies_made) * _KEYS_PER_STRATEGY
+    try:
+        return make()
+    finally:
+        if saved is None:
+            del cls._collective_key_base
+        else:
+            cls._collective_key_base = saved
 
 
 def _multi_worker(*, devices, num_gpus, cpu_replicas, all_reduce, bucket_mb, timeout_s):

@@ -161,3 +161,13 @@ def test_other_keras_backend_is_a_clear_error(monkeypatch):
     monkeypatch.setattr(keras.backend, "backend", lambda: "jax")
     with pytest.raises(RuntimeError, match="Keras runs on the 'jax' backend here"):
         mk.strategy(cpu_replicas=2)
+
+
+def test_strategies_with_different_replica_counts_work_in_one_process():
+    # Without distinct collective keys the 2-replica all-reduce joins the 4-replica group.
+    import tensorflow as tf
+
+    for replicas in (4, 2, 4, 3):
+        strategy = mk.strategy(cpu_replicas=replicas)
+        ones = strategy.run(lambda: tf.constant(1.0))
+        assert float(strategy.reduce("SUM", ones, axis=None)) == replicas

@@ -1,0 +1,1 @@
+"""Input pipelines distributed per replica: `mk.distribute` and its parts."""

@@ -1,0 +1,102 @@
+"""Turn what users pass as data into one unbatched tf.data pipeline, with its size."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import numpy as np
+import tensorflow as tf
+
+from mirrorkit import chief
+from mirrorkit.pipeline import batched
+
+
+@dataclasses.dataclass
+class Source:
+    """An unbatched pipeline, how to read it, and what is known of it.
+
+    Attributes:
+        dataset: unbatched elements in input order (None for index sources
+            before `read` is applied).
+        num_examples: how many elements, when known.
+        read: for in-memory arrays, maps a batch of indices to a batch of
+            elements (so shuffling moves indices, not data); None otherwise.
+    """
+
+    dataset: tf.data.Dataset
+    num_examples: int | None
+    read: Callable[[tf.Tensor], Any] | None = None
+
+
+def is_array_data(data: Any) -> bool:
+    """Whether `data` is NumPy/tensor arrays: x, a dict of them, or an (x, y[, w]) tuple."""
+    if isinstance(data, (np.ndarray, tf.Tensor, tf.RaggedTensor)):
+        return True
+    if isinstance(data, Mapping):
+        return bool(data) and all(is_array_data(v) for v in data.values())
+    if isinstance(data, tuple) and 1 <= len(data) <= 3:
+        return all(v is None or is_array_data(v) for v in data)
+    return False
+
+
+def from_arrays(data: Any) -> Source:
+    """An index source over in-memory arrays: ``x``, a dict, or ``(x, y[, sample_weight])``.
+
+    Raises:
+        ValueError: the arrays do not all have the same number of rows.
+    """
+    if isinstance(data, tuple):
+        data = tuple(v for v in data if v is not None)
+    tensors = tf.nest.map_structure(_to_tensor, data)
+    lengths = {int(_rows(t)) for t in tf.nest.flatten(tensors)}
+    if len(lengths) != 1:
+        raise ValueError(
+            f"The arrays in data have different numbers of rows ({sorted(lengths)}); x, y and "
+            "sample_weight need one row per example."
+        )
+    (count,) = lengths
+
+    def read(indices: tf.Tensor) -> Any:
+        return tf.nest.map_structure(lambda t: tf.gather(t, indices), tensors)
+
+    return Source(tf.data.Dataset.range(count), count, read)
+
+
+def from_dataset(dataset: tf.data.Dataset, global_batch_size: int) -> Source:
+    """A source from a tf.data pipeline; an already-batched one is unbatched, and said.
+
+    Raises:
+        ValueError: the pipeline ends in ``padded_batch``, whose padding would
+            become examples if unbatched.
+    """
+    found = batched.find(dataset)
+    if found is not None:
+        if found.padded:
+            raise ValueError(
+                "data is already batched with padded_batch; unbatching would turn its padding "
+                "into examples. Pass the dataset as it is before padded_batch, and pad per "
+                "example with a map, or batch it yourself and use "
+                "strategy.experimental_distribute_dataset."
+            )
+        chief.say_once(
+            "rebatched",
+            f"data was already batched (batch size {found.batch_size}); mk.distribute "
+            f"unbatched it and batches it again with global batch size {global_batch_size}",
+        )
+        dataset = dataset.unbatch()
+    count = int(dataset.cardinality())
+    return Source(dataset, count if count >= 0 else None)
+
+
+def _to_tensor(value: Any) -> tf.Tensor | tf.RaggedTensor:
+    if isinstance(value, (tf.Tensor, tf.RaggedTensor)):
+        return value
+    return tf.convert_to_tensor(value)
+
+
+def _rows(tensor: tf.Tensor | tf.RaggedTensor) -> int:
+    if isinstance(tensor, tf.RaggedTensor):
+        return int(tensor.nrows())
+    return int(tensor.shape[0])

@@ -1,0 +1,288 @@
+"""`mk.distribute` on simulated CPU replicas in this process (4 logical CPUs)."""
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import mirrorkit as mk
+
+NUM_EXAMPLES = 1000
+GLOBAL_BATCH = 64
+
+
+def _strategy(replicas):
+    return mk.strategy("one_device") if replicas == 1 else mk.strategy(cpu_replicas=replicas)
+
+
+def _ids_by_replica(strategy, distributed):
+    """One epoch: for each step, the example ids each replica received."""
+    steps = []
+    for batch in distributed:
+        ids = batch[0] if isinstance(batch, tuple) else batch
+        steps.append(
+            [v.numpy().reshape(-1).tolist() for v in strategy.experimental_local_results(ids)]
+        )
+    return steps
+
+
+def _tagged(n=NUM_EXAMPLES):
+    ids = np.arange(n, dtype="int64")
+    return ids, (ids % 7).astype("float32")
+
+
+@pytest.mark.parametrize("replicas", [1, 2, 4])
+def test_training_epoch_uses_each_example_at_most_once(replicas):
+    strategy = _strategy(replicas)
+    data = mk.distribute(_tagged(), strategy, global_batch_size=GLOBAL_BATCH, seed=1)
+    steps = _ids_by_replica(strategy, data)
+    seen = [i for step in steps for replica in step for i in replica]
+    assert len(seen) == len(set(seen))  # no id twice
+    dropped = NUM_EXAMPLES % GLOBAL_BATCH
+    assert len(set(range(NUM_EXAMPLES)) - set(seen)) == dropped == data.dropped_per_epoch
+    assert len(steps) == data.steps_per_epoch == NUM_EXAMPLES // GLOBAL_BATCH
+    for step in steps:  # every replica gets its own equal share of each global batch
+        assert [len(r) for r in step] == [GLOBAL_BATCH // replicas] * replicas
+    assert (data.global_batch_size, data.per_replica_batch_size) == (64, 64 // replicas)
+
+
+@pytest.mark.parametrize("replicas", [1, 2, 4])
+def test_evaluation_epoch_uses_every_example_once_in_order(replicas):
+    strategy = _strategy(replicas)
+    data = mk.distribute(_tagged(), strategy, global_batch_size=GLOBAL_BATCH, for_eval=True)
+    seen = [i for step in _ids_by_replica(strategy, data) for r in step for i in r]
+    assert seen == list(range(NUM_EXAMPLES))
+    assert data.steps_per_epoch == 16 and data.dropped_per_epoch == 0
+
+
+def test_shuffle_is_seeded_and_changes_every_epoch():
+    strategy = _strategy(2)
+
+    def epochs(seed):
+        data = mk.distribute(_tagged(), strategy, global_batch_size=GLOBAL_BATCH, seed=seed)
+        return [_ids_by_replica(strategy, data) for _ in range(2)]
+
+    first, again, other = epochs(5), epochs(5), epochs(6)
+    assert first == again  # the same seed gives the same orders
+    assert first[0] != first[1]  # a new order each epoch
+    assert first[0] != other[0]
+    assert [i for r in first[0][0] for i in r] != list(range(GLOBAL_BATCH))  # shuffled at all
+
+
+def test_seed_is_drawn_and_said_when_not_given(capfd):
+    strategy = _strategy(2)
+    mk.distribute(_tagged(), strategy, global_batch_size=GLOBAL_BATCH)
+    assert "shuffling with seed" in capfd.readouterr().err
+
+
+def _classifier():
+    model = keras.Sequential(
+        [keras.Input((5,)), keras.layers.Dense(8, activation="relu"), keras.layers.Dense(3)]
+    )
+    model.compile(
+        optimizer="sgd",
+        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+        metrics=["sparse_categorical_accuracy"],
+    )
+    rng = np.random.default_rng(3)
+    model.set_weights([rng.normal(size=w.shape).astype("float32") for w in model.get_weights()])
+    return model
+
+
+def _classification_data(n):
+    rng = np.random.default_rng(4)
+    return rng.normal(size=(n, 5)).astype("float32"), rng.integers(0, 3, size=n).astype("int32")
+
+
+@pytest.mark.parametrize("num_examples", [1000, 961])  # 961: the last batch has 1 example
+def test_evaluate_and_predict_on_four_replicas_equal_one_device(num_examples):
+    x, y = _classification_data(num_examples)
+    want = _classifier().evaluate(x, y, batch_size=GLOBAL_BATCH, verbose=0, return_dict=True)
+    want_pred = _classifier().predict(x, batch_size=GLOBAL_BATCH, verbose=0)
+    strategy = _strategy(4)
+    model = mk.build(_classifier, strategy)
+    got = model.evaluate(
+        mk.distribute((x, y), strategy, global_batch_size=GLOBAL_BATCH, for_eval=True),
+        verbose=0,
+        return_dict=True,
+    )
+    for key in want:
+        assert got[key] == pytest.approx(want[key], abs=1e-6), key
+    predicted = model.predict(
+        mk.distribute(x, strategy, global_batch_size=GLOBAL_BATCH, for_eval=True), verbose=0
+    )
+    assert predicted.shape == (num_examples, 3)
+    np.testing.assert_allclose(predicted, want_pred, atol=1e-6)
+
+
+def test_fit_on_distributed_arrays_equals_one_device():
+    x, y = _classification_data(256)
+    reference = _classifier()
+    reference.fit(x, y, batch_size=GLOBAL_BATCH, epochs=2, shuffle=False, verbose=0)
+    strategy = _strategy(4)
+    model = mk.build(_classifier, strategy)
+    model.fit(
+        mk.distribute((x, y), strategy, global_batch_size=GLOBAL_BATCH, shuffle=False),
+        epochs=2,
+        verbose=0,
+    )
+    for got, want in zip(model.get_weights(), reference.get_weights(), strict=True):
+        np.testing.assert_allclose(got, want, atol=1e-5)
+
+
+def test_sample_weights_and_dict_inputs_pass_through():
+    strategy = _strategy(2)
+    features = {"a": np.arange(8, dtype="float32"), "b": np.arange(8, dtype="float32") * 2}
+    data = mk.distribute(
+        (features, np.zeros(8, "float32"), np.full(8, 0.5, "float32")),
+        strategy,
+        per_replica_batch_size=2,
+        shuffle=False,
+    )
+    (x, y, w) = next(iter(data))
+    a = np.concatenate([v.numpy() for v in strategy.experimental_local_results(x["a"])])
+    assert a.tolist() == [0, 1, 2, 3] and data.global_batch_size == 4
+    assert (
+        np.concatenate([v.numpy() for v in strategy.experimental_local_results(w)]).tolist()
+        == [0.5] * 4
+    )
+
+
+def test_an_already_batched_dataset_is_rebatched_and_said(capfd):
+    strategy = _strategy(2)
+    dataset = tf.data.Dataset.range(100).batch(10).map(lambda b: b * 1)
+    data = mk.distribute(dataset, strategy, global_batch_size=32, for_eval=True)
+    seen = [i for step in _ids_by_replica(strategy, data) for r in step for i in r]
+    assert seen == list(range(100))
+    assert "already batched (batch size 10)" in capfd.readouterr().err
+
+
+def test_a_padded_batch_dataset_is_refused():
+    with pytest.raises(ValueError, match="padded_batch"):
+        mk.distribute(tf.data.Dataset.range(10).padded_batch(2), _strategy(2), global_batch_size=4)
+
+
+def test_string_inputs_with_string_lookup_train_on_two_replicas():
+    strategy = _strategy(2)
+
+    def make():
+        text = keras.Input((1,), dtype="string")
+        ids = keras.layers.StringLookup(vocabulary=["cat", "dog", "eel"])(text)
+        out = keras.layers.Dense(1)(keras.layers.Flatten()(keras.layers.Embedding(4, 4)(ids)))
+        model = keras.Model(text, out)
+        model.compile(optimizer="sgd", loss="mse")
+        return model
+
+    words = np.array([["cat"], ["dog"], ["eel"], ["cat"]] * 8)
+    model = mk.build(make, strategy)
+    data = mk.distribute((words, np.ones((32, 1), "float32")), strategy, global_batch_size=8)
+    history = model.fit(data, epochs=2, verbose=0)
+    assert len(history.history["loss"]) == 2 and np.isfinite(history.history["loss"]).all()
+
+
+def test_a_first_global_batch_smaller_than_the_replica_count_works():
+    x, y = _classification_data(1)
+    want = _classifier().evaluate(x, y, verbose=0, return_dict=True)
+    strategy = _strategy(2)
+    model = mk.build(_classifier, strategy)
+    got = model.evaluate(
+        mk.distribute((x, y), strategy, global_batch_size=4, for_eval=True),
+        verbose=0,
+        return_dict=True,
+    )
+    assert got["loss"] == pytest.approx(want["loss"], abs=1e-6)
+
+
+def test_ragged_features_pass_through():
+    strategy = _strategy(2)
+    ragged = tf.ragged.constant([[1], [2, 3], [4, 5, 6], [7]])
+    data = mk.distribute(
+        (ragged, np.zeros(4, "float32")), strategy, global_batch_size=2, shuffle=False
+    )
+    x, _ = next(iter(data))
+    rows = [r.to_list() for v in strategy.experimental_local_results(x) for r in [v]]
+    assert rows == [[[1]], [[2, 3]]]
+
+
+def test_per_worker_function_gets_its_batch_size():
+    strategy = _strategy(2)
+
+    def pipeline(context):
+        assert context.get_per_replica_batch_size(8) == 4
+        return tf.data.Dataset.range(16)
+
+    data = mk.distribute(pipeline, strategy, global_batch_size=8)
+    assert [len(r) for r in _ids_by_replica(strategy, data)[0]] == [4, 4]
+
+
+# Errors: each names what was wrong and what to do.
+
+
+def test_both_or_neither_batch_size_is_an_error():
+    with pytest.raises(ValueError, match="exactly one of per_replica_batch_size= and global"):
+        mk.distribute(_tagged(), _strategy(2), per_replica_batch_size=4, global_batch_size=8)
+    with pytest.raises(ValueError, match=r"\(got neither\)"):
+        mk.distribute(_tagged(), _strategy(2))
+
+
+def test_a_global_batch_the_replicas_do_not_divide_names_the_nearest_sizes():
+    with pytest.raises(ValueError, match="nearest sizes that do are 60 and 64"):
+        mk.distribute(_tagged(), _strategy(4), global_batch_size=62)
+
+
+def test_training_data_smaller_than_one_global_batch_is_an_error():
+    with pytest.raises(ValueError, match="30 examples, fewer than one global batch of 64"):
+        mk.distribute(_tagged(30), _strategy(2), global_batch_size=64)
+
+
+def test_a_function_returning_the_wrong_batch_size_is_an_error():
+    def pipeline(context):
+        return tf.data.Dataset.range(64).batch(8)
+
+    with pytest.raises(
+        ValueError, match="returned batches of 8 examples, but each replica takes 4"
+    ):
+        mk.distribute(pipeline, _strategy(2), global_batch_size=8)
+
+
+def test_unreadable_data_and_bad_options_are_errors():
+    with pytest.raises(TypeError, match="cannot read data of type list"):
+        mk.distribute([1, 2, 3], _strategy(2), global_batch_size=2)
+    with pytest.raises(ValueError, match="shard must be"):
+        mk.distribute(_tagged(), _strategy(2), global_batch_size=2, shard="rows")
+    with pytest.raises(ValueError, match="drop_remainder=True would drop"):
+        mk.distribute(
+            _tagged(), _strategy(2), global_batch_size=2, for_eval=True, drop_remainder=True
+        )
+    with pytest.raises(ValueError, match="different numbers of rows"):
+        mk.distribute((np.ones(4), np.ones(5)), _strategy(2), global_batch_size=2)
+
+
+def test_a_tfds_split_that_does_not_exist_is_an_error(tmp_path):
+    from _tfds_builder import prepare
+
+    builder = prepare(str(tmp_path))
+    with pytest.raises(ValueError, match="has no split 'validation'.*its splits are test, train"):
+        mk.distribute(builder, _strategy(2), global_batch_size=8, split="validation")
+    with pytest.raises(ValueError, match="needs split="):
+        mk.distribute(builder, _strategy(2), global_batch_size=8)
+
+
+def test_tfds_on_one_worker_reads_every_example(tmp_path):
+    from _tfds_builder import NUM_TEST, prepare
+
+    prepare(str(tmp_path))
+    strategy = _strategy(2)
+    data = mk.distribute(
+        "tiny_images",
+        strategy,
+        global_batch_size=16,
+        split="test",
+        data_dir=str(tmp_path),
+        as_supervised=False,
+        for_eval=True,
+    )
+    seen = []
+    for batch in data:
+        seen += [i for v in strategy.experimental_local_results(batch["id"]) for i in v.numpy()]
+    assert sorted(seen) == list(range(10_000, 10_000 + NUM_TEST))

@@ -1,0 +1,72 @@
+"""`mk.distribute` on two real workers through TensorFlow's collective runtime."""
+
+import numpy as np
+import pytest
+from _multiworker import run_workers
+
+pytestmark = pytest.mark.slow
+NUM_EXAMPLES = 1000
+GLOBAL_BATCH = 64
+
+
+def _local_ids(strategy, distributed, key=None):
+    seen = []
+    for batch in distributed:
+        ids = batch[key] if key else batch[0]
+        for value in strategy.experimental_local_results(ids):
+            seen += value.numpy().reshape(-1).tolist()
+    return seen
+
+
+def _arrays_on_workers():
+
+    import mirrorkit as mk
+
+    strategy = mk.strategy()
+    ids = np.arange(NUM_EXAMPLES, dtype="int64")
+    train = mk.distribute((ids, ids), strategy, global_batch_size=GLOBAL_BATCH)  # seed drawn
+    evaluation = mk.distribute((ids, ids), strategy, global_batch_size=GLOBAL_BATCH, for_eval=True)
+    return _local_ids(strategy, train), _local_ids(strategy, evaluation), train.dropped_per_epoch
+
+
+def test_two_workers_share_each_epoch_without_overlap():
+    results = run_workers(_arrays_on_workers, n=2)
+    (train0, eval0, dropped), (train1, eval1, _) = results
+    assert train0 and train1 and not set(train0) & set(train1)  # the drawn seed is shared
+    seen = train0 + train1
+    assert len(seen) == len(set(seen))
+    assert len(set(range(NUM_EXAMPLES)) - set(seen)) == dropped == NUM_EXAMPLES % GLOBAL_BATCH
+    assert sorted(eval0 + eval1) == list(range(NUM_EXAMPLES))  # every example exactly once
+    assert not set(eval0) & set(eval1)
+
+
+def _tfds_on_workers(data_dir):
+    from _tfds_builder import TinyImages
+
+    import mirrorkit as mk
+
+    strategy = mk.strategy()
+    data = mk.distribute(
+        TinyImages(data_dir=data_dir),
+        strategy,
+        global_batch_size=16,
+        split="train",
+        as_supervised=False,
+        seed=0,
+    )
+    return _local_ids(strategy, data, "id"), data.steps_per_epoch, data.dropped_per_epoch
+
+
+def test_tfds_files_are_read_by_exactly_one_worker(tmp_path):
+    from _tfds_builder import NUM_FILES, NUM_TRAIN, ids_per_file, prepare
+
+    builder = prepare(str(tmp_path))
+    files = ids_per_file(builder, "train")
+    assert len(files) == NUM_FILES
+    (ids0, steps, dropped), (ids1, steps1, _) = run_workers(_tfds_on_workers, str(tmp_path), n=2)
+    assert steps == steps1 and len(ids0) == len(ids1) == steps * 8
+    assert len(set(ids0 + ids1)) == len(ids0 + ids1)  # no example twice
+    assert NUM_TRAIN - len(ids0 + ids1) == dropped
+    for file_ids in files:  # each file's examples went to one worker only
+        readers = [w for w, ids in enumerate((ids0, ids1)) if file_ids & set(ids)]
+        assert len(readers) == 1, readers

@@ -169,5 +169,12 @@ def test_strategies_with_different_replica_counts_work_in_one_process():
 
     for replicas in (4, 2, 4, 3):
         strategy = mk.strategy(cpu_replicas=replicas)
-        ones = strategy.run(lambda: tf.constant(1.0))
-        assert float(strategy.reduce("SUM", ones, axis=None)) == replicas
+
+        @tf.function
+        def count_replicas(strategy=strategy):
+            def one():
+                return tf.distribute.get_replica_context().all_reduce("SUM", tf.constant(1.0))
+
+            return strategy.experimental_local_results(strategy.run(one))[0]
+
+        assert float(count_replicas()) == replicas

@@ -30,6 +30,8 @@ _PUBLIC = {
     "compat": "mirrorkit.compat",
     "launch": "mirrorkit.launcher.notebook",
     "distribute": "mirrorkit.pipeline.distributed",
+    "ThroughputCallback": "mirrorkit.throughput.callback",
+    "ThroughputReport": "mirrorkit.throughput.report",
 }
 
 _MODULES = {"compat"}

@@ -378,11 +378,11 @@ def _with_own_collective_keys(make):
     going from 4 replicas to 2) joins group 1 with the wrong size and fails
     ("is joining a group with size 2, but that group has size 4"). The class
     attribute ``_collective_key_base`` (TF 2.17-2.21) offsets the keys; it is
-    set for the construction only.
+    set for the construction only; plain MirroredStrategy objects keep base 0.
     """
     cls = tf.distribute.MirroredStrategy
     saved = cls.__dict__.get("_collective_key_base", None)
-    cls._collective_key_base = next(_strategies_made) * _KEYS_PER_STRATEGY
+    cls._collective_key_base = (next(_strategies_made) + 1) * _KEYS_PER_STRATEGY
     try:
         return make()
     finally:

@@ -1,0 +1,1 @@
+"""Per-replica throughput, step times and stragglers: `mk.ThroughputCallback`."""

@@ -1,0 +1,330 @@
+"""`mk.ThroughputCallback`: examples/s per replica and per worker, and stragglers."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from typing import Any
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+from mirrorkit import chief, cluster
+from mirrorkit.throughput.report import EpochThroughput, ThroughputReport
+from mirrorkit.throughput.step_clock import StepClock
+
+
+class ThroughputCallback(keras.callbacks.Callback):
+    """Measures training throughput per replica and per worker, and finds stragglers.
+
+    Step times are the wall time between the ends of consecutive steps (Keras
+    already waits for each step to finish, so this adds no device sync).
+    Warm-up steps (tracing, first input) are skipped. At each epoch end the
+    callback adds ``examples_per_sec`` and ``examples_per_sec_per_replica``
+    to the logs (so they land in ``History`` and in every logger) and appends
+    an `EpochThroughput` to ``.report``.
+
+    In a multi-worker job each worker also times its own work in each step,
+    from the step's start until its gradients are ready for the all-reduce
+    (measured inside the compiled step and read once an epoch); at epoch end
+    the workers exchange their medians with one collective. A worker whose
+    median exceeds the median of the others' by more than `straggler_factor`
+    is flagged as a straggler.
+
+    Args:
+        log_every: also print a progress line every this many steps (chief,
+            verbose 1); None prints only per epoch.
+        warmup_steps: steps skipped at the start of training.
+        tensorboard_dir: write the figures as TensorBoard scalars here (chief).
+        json_path: write the whole report as JSON here after each epoch (chief).
+        baseline: single-replica examples/s, as a number or the path of a
+            JSON file written by ``mirrorkit bench``; turns per-replica
+            throughput into scaling efficiency.
+        straggler_factor: how much slower than the others a worker must be.
+        global_batch_size: examples per step; read from the model's loss
+            tracker after the first step when None.
+        verbose: 0 silent, 1 one line per epoch (chief only).
+
+    Example:
+    ```python
+    import keras
+    import numpy as np
+    import mirrorkit as mk
+
+    strategy = mk.strategy(cpu_replicas=2)
+    model = mk.build(lambda: keras.Sequential([keras.Input((8,)), keras.layers.Dense(1)]),
+                     strategy)
+    model.compile(optimizer="sgd", loss="mse")
+    x, y = np.ones((4096, 8), "float32"), np.ones((4096, 1), "float32")
+    throughput = mk.ThroughputCallback(warmup_steps=5)
+    history = model.fit(mk.distribute((x, y), strategy, global_batch_size=64), epochs=2,
+                        callbacks=[throughput])
+    print(history.history["examples_per_sec"])
+    print(throughput.report)
+    ```
+    """
+
+    def __init__(
+        self,
+        log_every: int | None = None,
+        warmup_steps: int = 5,
+        tensorboard_dir: str | None = None,
+        json_path: str | None = None,
+        baseline: float | str | None = None,
+        straggler_factor: float = 1.2,
+        global_batch_size: int | None = None,
+        verbose: int = 1,
+    ):
+        super().__init__()
+        if log_every is not None and (not isinstance(log_every, int) or log_every < 1):
+            raise ValueError(f"log_every must be a positive integer or None; got {log_every!r}")
+        if not isinstance(warmup_steps, int) or warmup_steps < 0:
+            raise ValueError(f"warmup_steps must be a non-negative integer; got {warmup_steps!r}")
+        if straggler_factor <= 1:
+            raise ValueError(f"straggler_factor must be above 1; got {straggler_factor!r}")
+        if tensorboard_dir is not None:
+            _require_tensorboard()
+        self.log_every = log_every
+        self.warmup_steps = warmup_steps
+        self.tensorboard_dir = tensorboard_dir
+        self.json_path = json_path
+        self.baseline = _read_baseline(baseline)
+        self.straggler_factor = straggler_factor
+        self.global_batch_size = global_batch_size
+        self.verbose = verbose
+        self.report = ThroughputReport(0, 1, global_batch_size, self.baseline)
+        self._clock = StepClock()
+        self._writer = None
+        self._steps_seen = 0
+
+    # Keras hooks
+
+    def set_model(self, model: keras.Model) -> None:
+        """Instruments the model's step in a multi-worker job (see `StepClock`)."""
+        super().set_model(model)
+        if self._workers(model) > 1 and not self._clock.installed:
+            if not self._clock.install(model):
+                chief.say_once(
+                    "throughput-no-clock",
+                    "ThroughputCallback: the optimizer has no gradient all-reduce to time; "
+                    "stragglers cannot be told apart",
+                )
+
+    def on_train_begin(self, logs: dict | None = None) -> None:
+        """Starts a new report."""
+        strategy = self.model.distribute_strategy
+        self.report = ThroughputReport(
+            strategy.num_replicas_in_sync,
+            self._workers(self.model),
+            self.global_batch_size,
+            self.baseline,
+        )
+        self._steps_seen = 0
+        if self.tensorboard_dir and chief.is_chief() and self._writer is None:
+            self._writer = tf.summary.create_file_writer(self.tensorboard_dir)
+
+    def on_epoch_begin(self, epoch: int, logs: dict | None = None) -> None:
+        """Starts the epoch's clock."""
+        self._epoch_start = self._last = time.perf_counter()
+        self._step_times: list[float] = []
+        self._calls = 0
+
+    def on_train_batch_end(self, batch: int, logs: dict | None = None) -> None:
+        """Records the step's wall time; prints progress every `log_every` steps."""
+        now = time.perf_counter()
+        elapsed, self._last = now - self._last, now
+        steps = self._steps_per_call()
+        self._steps_seen += steps
+        self._calls += 1
+        if self.report.global_batch_size is None:
+            self.report.global_batch_size = self._batch_from_loss_tracker(steps)
+        if self._steps_seen > self.warmup_steps and self._calls > 1:
+            self._step_times += [elapsed / steps] * steps
+        if (
+            self.log_every
+            and self.verbose
+            and self._steps_seen % self.log_every < steps
+            and self._step_times
+        ):
+            rate = self._rate(np.array(self._step_times[-self.log_every :]))
+            chief.print(
+                f"step {self._steps_seen}: {rate:,.1f} examples/s "
+                f"({rate / self.report.num_replicas:,.1f} per replica)"
+            )
+
+    def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
+        """Computes the epoch's figures, adds them to `logs`, reports on the chief."""
+        times = np.array(self._step_times)
+        compute = self._clock.read_new() if self._clock.installed else np.zeros(0)
+        worker_medians = self._gather_worker_medians(compute)
+        if times.size == 0:
+            return
+        figures = self._figures(epoch + 1, times, worker_medians)
+        self.report.epochs.append(figures)
+        if logs is not None:
+            logs["examples_per_sec"] = figures.examples_per_sec
+            logs["examples_per_sec_per_replica"] = figures.examples_per_sec_per_replica
+        if not chief.is_chief():
+            return
+        if self.verbose:
+            chief.print(_summary_line(figures, self.report))
+        if self._writer is not None:
+            self._write_tensorboard(figures)
+        if self.json_path:
+            directory = os.path.dirname(self.json_path)
+            if directory:
+                os.makedirs(directory, exist_ok=True)
+            with open(self.json_path, "w") as f:
+                f.write(self.report.to_json())
+
+    def on_train_end(self, logs: dict | None = None) -> None:
+        """Removes the step instrumentation and flushes TensorBoard."""
+        self._clock.uninstall()
+        if self._writer is not None:
+            self._writer.flush()
+
+    # Figures
+
+    def _figures(
+        self, epoch: int, times: np.ndarray, worker_medians: list[float]
+    ) -> EpochThroughput:
+        report = self.report
+        rate = self._rate(times)
+        per_replica = rate / report.num_replicas
+        figures = EpochThroughput(
+            epoch=epoch,
+            steps=int(times.size),
+            examples_per_sec=rate,
+            examples_per_sec_per_replica=per_replica,
+            examples_per_sec_per_worker=rate / report.num_workers,
+            step_time_median_s=float(np.median(times)),
+            step_time_p90_s=float(np.percentile(times, 90)),
+            step_time_max_s=float(times.max()),
+            epoch_time_s=time.perf_counter() - self._epoch_start,
+            scaling_efficiency=None if not self.baseline else per_replica / self.baseline,
+        )
+        if len(worker_medians) > 1 and min(worker_medians) > 0:
+            figures.worker_compute_median_s = worker_medians
+            figures.slowest_worker = int(np.argmax(worker_medians))
+            figures.spread = max(worker_medians) / min(worker_medians)
+            figures.straggler = find_straggler(worker_medians, self.straggler_factor)
+        return figures
+
+    def _rate(self, times: np.ndarray) -> float:
+        batch = self.report.global_batch_size or 0
+        return float(batch * times.size / times.sum()) if times.sum() > 0 else 0.0
+
+    def _steps_per_call(self) -> int:
+        return int(getattr(self.model, "steps_per_execution", 1) or 1)
+
+    def _batch_from_loss_tracker(self, steps: int) -> int | None:
+        tracker = getattr(self.model, "_loss_tracker", None)
+        count = getattr(tracker, "count", None)
+        if count is None:
+            return None
+        return int(round(float(keras.ops.convert_to_numpy(count)) / max(self._calls, 1) / steps))
+
+    def _gather_worker_medians(self, compute: np.ndarray) -> list[float]:
+        """Every worker's median own-work time, exchanged by one collective."""
+        workers = self.report.num_workers
+        if workers < 2 or not self._clock.installed:
+            return []
+        skip = (
+            min(self.warmup_steps, max(compute.size - 1, 0)) if len(self.report.epochs) == 0 else 0
+        )
+        mine = float(np.median(compute[skip:])) if compute.size else 0.0
+        strategy = self.model.distribute_strategy
+        rank = cluster.from_environment().task_index
+        first_local = rank * (strategy.num_replicas_in_sync // workers)
+
+        def value(context: tf.distribute.ValueContext) -> tf.Tensor:
+            vector = np.zeros(workers)
+            if context.replica_id_in_sync_group == first_local:
+                vector[rank] = mine
+            return tf.constant(vector, tf.float64)
+
+        values = strategy.experimental_distribute_values_from_function(value)
+        return [float(v) for v in strategy.reduce("SUM", values, axis=None).numpy()]
+
+    def _workers(self, model: keras.Model) -> int:
+        if isinstance(model.distribute_strategy, tf.distribute.MultiWorkerMirroredStrategy):
+            return cluster.from_environment().num_workers
+        return 1
+
+    def _write_tensorboard(self, figures: EpochThroughput) -> None:
+        with self._writer.as_default():
+            for key in (
+                "examples_per_sec",
+                "examples_per_sec_per_replica",
+                "step_time_median_s",
+                "step_time_p90_s",
+                "scaling_efficiency",
+                "spread",
+            ):
+                value = getattr(figures, key)
+                if value is not None:
+                    tf.summary.scalar(f"throughput/{key}", value, step=figures.epoch)
+        self._writer.flush()
+
+
+def find_straggler(medians: list[float], factor: float) -> int | None:
+    """The worker whose median exceeds the median of the others' by more than `factor`.
+
+    Example:
+    >>> find_straggler([0.10, 0.11, 0.30], 1.2)
+    2
+    >>> find_straggler([0.10, 0.11], 1.2) is None
+    True
+    """
+    slowest = int(np.argmax(medians))
+    others = [m for i, m in enumerate(medians) if i != slowest]
+    if others and medians[slowest] > factor * float(np.median(others)):
+        return slowest
+    return None
+
+
+def _summary_line(figures: EpochThroughput, report: ThroughputReport) -> str:
+    line = (
+        f"epoch {figures.epoch}: {figures.examples_per_sec:,.1f} examples/s "
+        f"({figures.examples_per_sec_per_replica:,.1f} per replica x {report.num_replicas}), "
+        f"step {figures.step_time_median_s * 1000:.1f} ms median, "
+        f"{figures.step_time_p90_s * 1000:.1f} ms p90"
+    )
+    if figures.scaling_efficiency is not None:
+        line += f", scaling efficiency {figures.scaling_efficiency:.2f}"
+    if figures.worker_compute_median_s:
+        line += f"; slowest worker {figures.slowest_worker} (spread {figures.spread:.2f}x)"
+        if figures.straggler is not None:
+            line += f"; STRAGGLER: worker {figures.straggler}"
+    return line
+
+
+def _read_baseline(baseline: float | str | None) -> float | None:
+    """A single-replica examples/s figure from a number or a `mirrorkit bench` JSON file."""
+    if baseline is None or isinstance(baseline, (int, float)):
+        if baseline is not None and baseline <= 0:
+            raise ValueError(f"baseline must be a positive examples/s figure; got {baseline!r}")
+        return None if baseline is None else float(baseline)
+    with open(baseline) as f:
+        data: Any = json.load(f)
+    for row in data.get("results", []):
+        if row.get("replicas") == 1 and row.get("workers", 1) == 1:
+            return float(row["examples_per_sec_per_replica"])
+    if "examples_per_sec_per_replica" in data:
+        return float(data["examples_per_sec_per_replica"])
+    raise ValueError(
+        f"baseline file {baseline} has no single-replica result (a 'results' row with "
+        "replicas 1 and workers 1, as `mirrorkit bench --replicas 1,...` writes)"
+    )
+
+
+def _require_tensorboard() -> None:
+    try:
+        import tensorboard  # noqa: F401
+    except ImportError:
+        raise ImportError(
+            "ThroughputCallback(tensorboard_dir=...) writes TensorBoard scalars, which needs the "
+            "tensorboard package: pip install tensorboard (or mirrorkit[tensorboard])."
+        ) from None

@@ -1,0 +1,182 @@
+"""`ThroughputReport`: what a `ThroughputCallback` measured, per epoch."""
+
+from __future__ import annotations
+
+import dataclasses
+import html
+import json
+from typing import Any
+
+#: Columns of the text and HTML tables: (key, heading, format).
+_COLUMNS = (
+    ("epoch", "epoch", "{:d}"),
+    ("examples_per_sec", "examples/s", "{:,.1f}"),
+    ("examples_per_sec_per_replica", "per replica", "{:,.1f}"),
+    ("examples_per_sec_per_worker", "per worker", "{:,.1f}"),
+    ("step_time_median_s", "step median ms", "ms"),
+    ("step_time_p90_s", "step p90 ms", "ms"),
+    ("step_time_max_s", "step max ms", "ms"),
+    ("epoch_time_s", "epoch s", "{:.2f}"),
+    ("scaling_efficiency", "efficiency", "{:.3f}"),
+    ("slowest_worker", "slowest worker", "{}"),
+    ("straggler", "straggler", "{}"),
+)
+
+
+@dataclasses.dataclass
+class EpochThroughput:
+    """Throughput figures of one epoch (warm-up steps excluded).
+
+    Attributes:
+        epoch: the epoch number, from 1.
+        steps: steps measured.
+        examples_per_sec: global examples per second.
+        examples_per_sec_per_replica: the same per replica.
+        examples_per_sec_per_worker: the same per worker.
+        step_time_median_s: median wall time of a step.
+        step_time_p90_s: 90th percentile of the step time.
+        step_time_max_s: slowest step.
+        epoch_time_s: the epoch's wall time, warm-up included.
+        worker_compute_median_s: each worker's median time from the start of
+            a step until its gradients were ready for the all-reduce (its own
+            work, without waiting for the others), in worker order.
+        slowest_worker: the worker with the largest compute median.
+        spread: slowest / fastest worker compute median.
+        straggler: the worker whose compute median exceeds the median of the
+            others' by more than the straggler factor, else None.
+        scaling_efficiency: per-replica examples/s over the single-replica
+            baseline, when a baseline was given.
+    """
+
+    epoch: int
+    steps: int
+    examples_per_sec: float
+    examples_per_sec_per_replica: float
+    examples_per_sec_per_worker: float
+    step_time_median_s: float
+    step_time_p90_s: float
+    step_time_max_s: float
+    epoch_time_s: float
+    worker_compute_median_s: list[float] = dataclasses.field(default_factory=list)
+    slowest_worker: int | None = None
+    spread: float | None = None
+    straggler: int | None = None
+    scaling_efficiency: float | None = None
+
+
+@dataclasses.dataclass
+class ThroughputReport:
+    """Everything a `ThroughputCallback` measured in one ``fit``.
+
+    Attributes:
+        num_replicas: replicas in sync.
+        num_workers: workers in the job.
+        global_batch_size: examples per step.
+        baseline_examples_per_sec: single-replica examples/s, if given.
+        epochs: one `EpochThroughput` per epoch.
+    """
+
+    num_replicas: int
+    num_workers: int
+    global_batch_size: int | None
+    baseline_examples_per_sec: float | None = None
+    epochs: list[EpochThroughput] = dataclasses.field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The report as plain JSON-ready data."""
+        return dataclasses.asdict(self)
+
+    def to_json(self) -> str:
+        """The report as JSON text."""
+        return json.dumps(self.to_dict(), indent=2)
+
+    def _rows(self) -> list[list[str]]:
+        rows = []
+        for epoch in self.epochs:
+            row = []
+            for key, _, fmt in _COLUMNS:
+                value = getattr(epoch, key)
+                if value is None:
+                    row.append("-")
+                elif fmt == "ms":
+                    row.append(f"{value * 1000:.1f}")
+                else:
+                    row.append(fmt.format(value))
+            rows.append(row)
+        return rows
+
+    def _columns(self) -> list[int]:
+        """Indices of the columns worth showing (multi-worker and baseline ones only if used)."""
+        keep = []
+        for i, (key, _, _) in enumerate(_COLUMNS):
+            if key in ("slowest_worker", "straggler") and self.num_workers < 2:
+                continue
+            if key == "scaling_efficiency" and self.baseline_examples_per_sec is None:
+                continue
+            keep.append(i)
+        return keep
+
+    def __str__(self) -> str:
+        title = (
+            f"Throughput: {self.num_replicas} replicas on {self.num_workers} worker(s), "
+            f"global batch {self.global_batch_size}"
+        )
+        if not self.epochs:
+            return f"{title}\n(no epoch measured yet)"
+        keep = self._columns()
+        headers = [_COLUMNS[i][1] for i in keep]
+        rows = [[row[i] for i in keep] for row in self._rows()]
+        widths = [max(len(h), *(len(r[j]) for r in rows)) for j, h in enumerate(headers)]
+        lines = [title, "  ".join(h.rjust(w) for h, w in zip(headers, widths, strict=True))]
+        lines += ["  ".join(c.rjust(w) for c, w in zip(r, widths, strict=True)) for r in rows]
+        return "\n".join(lines)
+
+    def _repr_html_(self) -> str:
+        keep = self._columns()
+        head = "".join(f"<th>{html.escape(_COLUMNS[i][1])}</th>" for i in keep)
+        body = "".join(
+            "<tr>" + "".join(f"<td>{html.escape(row[i])}</td>" for i in keep) + "</tr>"
+            for row in self._rows()
+        )
+        caption = html.escape(str(self).splitlines()[0])
+        return (
+            f"<table><caption>{caption}</caption><thead><tr>{head}</tr></thead>"
+            f"<tbody>{body}</tbody></table>"
+        )
+
+    def plot(self, path: str | None = None):
+        """Plots examples/s and step times per epoch with matplotlib.
+
+        Args:
+            path: also save the figure there (PNG, SVG, ... by extension).
+
+        Returns:
+            The matplotlib ``Figure``.
+        """
+        import matplotlib
+
+        if path is not None:
+            matplotlib.use("Agg", force=False)
+        import matplotlib.pyplot as plt
+
+        epochs = [e.epoch for e in self.epochs]
+        figure, (rate, steps) = plt.subplots(1, 2, figsize=(10, 3.5))
+        rate.plot(epochs, [e.examples_per_sec for e in self.epochs], marker="o", label="global")
+        rate.plot(
+            epochs,
+            [e.examples_per_sec_per_replica for e in self.epochs],
+            marker="o",
+            label="per replica",
+        )
+        rate.set(xlabel="epoch", ylabel="examples/s", title="Throughput")
+        rate.legend()
+        for key, label in (("step_time_median_s", "median"), ("step_time_p90_s", "p90")):
+            steps.plot(
+                epochs, [getattr(e, key) * 1000 for e in self.epochs], marker="o", label=label
+            )
+        steps.set(xlabel="epoch", ylabel="ms", title="Step time")
+        steps.legend()
+        figure.tight_layout()
+        if path is not None:
+            figure.savefig(path)
+        return figure

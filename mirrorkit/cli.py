@@ -37,13 +37,31 @@ def build_parser() -> argparse.ArgumentParser:
     )
     script.add_arguments(launch)
     launch.set_defaults(run=script.run)
+    bench = sub.add_parser(
+        "bench", help="throughput, scaling efficiency and all-reduce bandwidth on this machine"
+    )
+    bench.set_defaults(run=_bench)
+    _add_bench_arguments(bench)
     return parser
+
+
+def _add_bench_arguments(parser: argparse.ArgumentParser) -> None:
+    from mirrorkit.bench import command
+
+    command.add_arguments(parser)
+
+
+def _bench(args: argparse.Namespace) -> int:
+    from mirrorkit.bench import command
+
+    return command.run(args)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Runs the `mirrorkit` command; returns its exit code."""
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     args = build_parser().parse_args(argv)
+    args.argv = list(sys.argv[2:] if argv is None else argv[1:])
     signal.signal(signal.SIGTERM, _raise_interrupt)
     return args.run(args)
 

@@ -130,7 +130,10 @@ def strategy(
 
 
 def build(
-    model_fn: Callable[[], keras.Model], strategy: tf.distribute.Strategy | None = None
+    model_fn: Callable[[], keras.Model],
+    strategy: tf.distribute.Strategy | None = None,
+    *,
+    gradient_compression: str | None = None,
 ) -> keras.Model:
     """Calls ``model_fn()`` under the strategy's scope and returns its model.
 
@@ -141,6 +144,9 @@ def build(
         model_fn: a function of no arguments returning a (compiled) `keras.Model`.
         strategy: the strategy; None means the strategy in scope, else the one
             `strategy()` made last, else TensorFlow's default.
+        gradient_compression: ``"fp16"`` or ``"bf16"`` all-reduces float32
+            gradients in 16 bits (half the bytes, less precision; see
+            `mirrorkit.compression`); None (the default) keeps float32.
 
     Returns:
         The `keras.Model` that ``model_fn`` returned.
@@ -173,6 +179,10 @@ def build(
         from mirrorkit import compat
 
         compat.prepare_model(model, chosen)
+    if gradient_compression is not None:
+        from mirrorkit import compression
+
+        compression.apply(model, gradient_compression, chosen)
     return model
 
 

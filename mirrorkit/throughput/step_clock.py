@@ -43,9 +43,9 @@ class StepClock:
 
     def install(self, model: keras.Model) -> bool:
         """Instruments `model`; returns False when its optimizer has no gradient all-reduce."""
-        optimizer = getattr(model, "optimizer", None)
-        while optimizer is not None and hasattr(optimizer, "inner_optimizer"):
-            optimizer = optimizer.inner_optimizer  # LossScaleOptimizer
+        from mirrorkit.compression import innermost_optimizer
+
+        optimizer = innermost_optimizer(model)
         if optimizer is None or not hasattr(optimizer, "_all_reduce_sum_gradients"):
             return False
         strategy = model.distribute_strategy
@@ -66,6 +66,11 @@ class StepClock:
         starts: dict[int, tf.Tensor] = {}
         train_step = model.train_step
         all_reduce = optimizer._all_reduce_sum_gradients
+        # What to put back: the model's own (class) methods, or an earlier wrapper.
+        self._saved = (
+            model.__dict__.get("train_step"),
+            optimizer.__dict__.get("_all_reduce_sum_gradients"),
+        )
 
         def timed_train_step(data):
             start = tf.timestamp()
@@ -101,8 +106,14 @@ class StepClock:
         """Restores the model's own train step and optimizer method."""
         if self._model is None:
             return
-        self._model.__dict__.pop("train_step", None)
-        self._optimizer.__dict__.pop("_all_reduce_sum_gradients", None)
+        for owner, name, saved in (
+            (self._model, "train_step", self._saved[0]),
+            (self._optimizer, "_all_reduce_sum_gradients", self._saved[1]),
+        ):
+            if saved is None:
+                owner.__dict__.pop(name, None)
+            else:
+                setattr(owner, name, saved)
         self._model.train_function = None
         self._model = self._optimizer = None
 

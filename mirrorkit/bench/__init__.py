@@ -1,0 +1,1 @@
+"""`mirrorkit bench`: throughput, scaling efficiency and all-reduce bandwidth on your hardware."""

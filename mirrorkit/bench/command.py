@@ -1,0 +1,182 @@
+"""`mirrorkit bench`: the command line, the printed table, and the JSON and PNG it writes."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import time
+from typing import Any
+
+#: The bundled models (`mirrorkit.bench.models.MODELS`), named here so that
+#: building the command line imports no TensorFlow.
+MODEL_NAMES = ("cnn", "mlp", "resnet", "transformer")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Adds `mirrorkit bench`'s flags to `parser`."""
+    parser.add_argument("--model", default="cnn", choices=MODEL_NAMES, help="benchmark model")
+    parser.add_argument(
+        "--replicas", default="1,2", help="replica counts to sweep in one process (default 1,2)"
+    )
+    parser.add_argument(
+        "--workers", default="1", help="local worker counts to sweep, one replica each (e.g. 1,2)"
+    )
+    parser.add_argument(
+        "--batch-size", type=int, default=None, help="per-replica batch (default: the model's)"
+    )
+    parser.add_argument("--steps", type=int, default=50, help="timed steps per repeat")
+    parser.add_argument("--repeats", type=int, default=3, help="timed repeats; medians reported")
+    parser.add_argument("--out", default=None, help="directory for JSON and PNG results")
+    parser.add_argument(
+        "--no-pin", dest="pin", action="store_false", help="do not pin workers to their own cores"
+    )
+    parser.add_argument(
+        "--cores-per-worker", type=int, default=None,
+        help="cores per pinned worker (default: this machine's cores / most workers)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--compression", choices=("fp16", "bf16"), default=None,
+        help="all-reduce gradients in 16 bits (mk.build(gradient_compression=...))",
+    )  # fmt: skip
+    parser.add_argument(
+        "--allreduce", action="store_true",
+        help="also measure all-reduce latency and bus bandwidth, 4 KB to 64 MB, between workers",
+    )  # fmt: skip
+    parser.add_argument(
+        "--compare-raw", action="store_true",
+        help="also time hand-written tf.distribute + Keras against mirrorkit, A/B in one run",
+    )  # fmt: skip
+    parser.add_argument(
+        "--callback-overhead", action="store_true",
+        help="also time mirrorkit with and without ThroughputCallback, A/B in one run",
+    )  # fmt: skip
+
+
+def _counts(text: str, flag: str) -> list[int]:
+    try:
+        counts = [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise ValueError(f"{flag} takes comma-separated counts like 1,2,4; got {text!r}") from None
+    if not counts or min(counts) < 1:
+        raise ValueError(f"{flag} counts must be positive; got {text!r}")
+    return counts
+
+
+def run(args: argparse.Namespace) -> int:
+    """Runs the benchmark described by parsed `args`; returns the exit code."""
+    from mirrorkit.bench import models, sweep
+
+    try:
+        replicas = _counts(args.replicas, "--replicas")
+        workers = _counts(args.workers, "--workers")
+        if args.steps < 1 or args.repeats < 1:
+            raise ValueError("--steps and --repeats must be at least 1")
+    except ValueError as err:
+        print(f"mirrorkit bench: {err}")
+        return 2
+    batch = args.batch_size or models.get(args.model).default_batch
+    progress = sweep.stderr_progress
+    started = time.time()
+    results: dict[str, Any] = {
+        "model": args.model,
+        "per_replica_batch_size": batch,
+        "steps": args.steps,
+        "repeats": args.repeats,
+        "machine": {"cpus": os.cpu_count(), "platform": platform.platform()},
+        "command": "mirrorkit bench " + " ".join(args.argv),
+    }
+    results["results"] = sweep.scaling(
+        args.model, replicas, workers, batch, args.steps, args.repeats,
+        pin=args.pin, cores_per_worker=args.cores_per_worker,
+        compression=args.compression, progress=progress,
+    )  # fmt: skip
+    print(format_table(results["results"]))
+    if args.compare_raw:
+        progress(f"A/B: hand-written tf.distribute + Keras vs mirrorkit, {max(replicas)} replicas")
+        ab = sweep.compare(args.model, max(replicas), batch, args.steps, args.repeats, "raw")
+        results["compare_raw"] = ab
+        raw_ms, mk_ms = ab["step_time_a_s"] * 1000, ab["step_time_b_s"] * 1000
+        print(
+            f"mirrorkit/raw step-time ratio: {ab['ratio_b_over_a']:.3f} "
+            f"(raw {raw_ms:.1f} ms, mirrorkit {mk_ms:.1f} ms per step)"
+        )
+    if args.callback_overhead:
+        progress("A/B: mirrorkit without vs with ThroughputCallback")
+        ab = sweep.compare(args.model, max(replicas), batch, args.steps, args.repeats, "callback")
+        results["callback_overhead"] = ab
+        print(f"ThroughputCallback overhead: {(ab['ratio_b_over_a'] - 1) * 100:+.2f}% of step time")
+    if args.allreduce:
+        results["allreduce"] = sweep.allreduce(max(2, max(workers)), max(args.repeats, 5), progress)
+        print(format_allreduce(results["allreduce"]))
+    results["seconds"] = time.time() - started
+    out = args.out or os.path.join(os.getcwd(), "mirrorkit-bench")
+    os.makedirs(out, exist_ok=True)
+    json_path = os.path.join(out, f"bench-{args.model}.json")
+    with open(json_path, "w") as f:
+        json.dump(results, f, indent=2)
+    print(f"results: {json_path}")
+    png = plot(results, os.path.join(out, f"bench-{args.model}.png"))
+    if png:
+        print(f"plot: {png}")
+    return 0
+
+
+def format_table(rows: list[dict[str, Any]]) -> str:
+    """The scaling table: replicas, workers, global and per-replica examples/s, efficiency."""
+    headers = ["replicas", "workers", "pinned", "examples/s", "per replica", "efficiency"]
+    body = [
+        [
+            str(r["replicas"]),
+            str(r["workers"]),
+            "yes" if r["pinned"] else "no",
+            f"{r['examples_per_sec']:,.1f}",
+            f"{r['examples_per_sec_per_replica']:,.1f}",
+            "-" if r["scaling_efficiency"] is None else f"{r['scaling_efficiency']:.3f}",
+        ]
+        for r in rows
+    ]
+    widths = [max(len(h), *(len(b[i]) for b in body)) for i, h in enumerate(headers)]
+    lines = ["  ".join(h.rjust(w) for h, w in zip(headers, widths, strict=True))]
+    lines += ["  ".join(c.rjust(w) for c, w in zip(b, widths, strict=True)) for b in body]
+    return "\n".join(lines)
+
+
+def format_allreduce(result: dict[str, Any]) -> str:
+    """The all-reduce table, with this machine's memcpy bandwidth for scale."""
+    lines = [f"all-reduce between {result['workers']} workers (float32, SUM)"]
+    lines.append(f"{'size':>8}  {'latency ms':>10}  {'algbw GB/s':>10}  {'busbw GB/s':>10}")
+    for row in result["rows"]:
+        size = row["bytes"]
+        label = f"{size // 2**20} MB" if size >= 2**20 else f"{size // 2**10} KB"
+        lines.append(
+            f"{label:>8}  {row['latency_s'] * 1000:>10.3f}  "
+            f"{row['algbw_bytes_per_s'] / 1e9:>10.3f}  {row['busbw_bytes_per_s'] / 1e9:>10.3f}"
+        )
+    lines.append(f"memcpy bandwidth on this machine: {result['memcpy_bytes_per_s'] / 1e9:.2f} GB/s")
+    return "\n".join(lines)
+
+
+def plot(results: dict[str, Any], path: str) -> str | None:
+    """Saves examples/s per configuration as a PNG; None when matplotlib is not installed."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("(pip install matplotlib for a PNG plot of these results)")
+        return None
+    rows = results["results"]
+    labels = [f"{r['replicas']}r x {r['workers']}w" for r in rows]
+    figure, axis = plt.subplots(figsize=(6, 3.5))
+    axis.bar(labels, [r["examples_per_sec"] for r in rows])
+    for i, r in enumerate(rows):
+        if r["scaling_efficiency"] is not None:
+            axis.annotate(f"{r['scaling_efficiency']:.2f}", (i, r["examples_per_sec"]), ha="center")
+    axis.set(ylabel="examples/s", title=f"mirrorkit bench: {results['model']}")
+    figure.tight_layout()
+    figure.savefig(path)
+    plt.close(figure)
+    return path

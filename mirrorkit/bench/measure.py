@@ -1,0 +1,202 @@
+"""Measurements that run inside one benchmark process (or each worker of one).
+
+Each function builds its strategy first (so it runs in a fresh process) and
+returns plain numbers; `mirrorkit.bench.sweep` starts the processes.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import time
+from typing import Any
+
+import keras
+import numpy as np
+
+#: All-reduce message sizes in bytes: 4 KB to 64 MB, by factors of 4.
+ALLREDUCE_SIZES = tuple(4096 * 4**i for i in range(8))
+
+
+class EpochClock(keras.callbacks.Callback):
+    """A Keras callback that records each epoch's wall time and nothing else."""
+
+    def __init__(self):
+        super().__init__()
+        self.epoch_times: list[float] = []
+
+    def on_epoch_begin(self, epoch, logs=None):
+        """Starts the clock."""
+        self._start = time.perf_counter()
+
+    def on_epoch_end(self, epoch, logs=None):
+        """Records the epoch's wall time."""
+        self.epoch_times.append(time.perf_counter() - self._start)
+
+
+def _strategy(replicas: int, raw: bool):
+    import tensorflow as tf
+
+    import mirrorkit as mk
+
+    multi_worker = bool(os.environ.get("TF_CONFIG"))
+    if raw:
+        if multi_worker:
+            return tf.distribute.MultiWorkerMirroredStrategy()
+        cpu = tf.config.list_physical_devices("CPU")[0]
+        gpus = tf.config.list_physical_devices("GPU")
+        if not gpus and replicas > 1:
+            tf.config.set_logical_device_configuration(
+                cpu, [tf.config.LogicalDeviceConfiguration()] * replicas
+            )
+        kind = "GPU" if gpus else "CPU"
+        return tf.distribute.MirroredStrategy([f"/{kind}:{i}" for i in range(replicas)])
+    if multi_worker:
+        return mk.strategy()
+    if _has_gpus():
+        return mk.strategy(num_gpus=replicas)
+    return mk.strategy("one_device") if replicas == 1 else mk.strategy(cpu_replicas=replicas)
+
+
+def _has_gpus() -> bool:
+    import tensorflow as tf
+
+    return bool(tf.config.list_physical_devices("GPU"))
+
+
+def _model_and_data(name, strategy, per_replica_batch, raw, compression=None):
+    import tensorflow as tf
+
+    import mirrorkit as mk
+    from mirrorkit.bench import models
+
+    spec = models.get(name)
+    example = models.synthetic_example(spec)
+
+    def examples(context=None):
+        return tf.data.Dataset.from_tensors(example).repeat()
+
+    if raw:
+        with strategy.scope():
+            model = models.compiled(spec)
+        data = strategy.distribute_datasets_from_function(
+            lambda context: examples().batch(per_replica_batch, drop_remainder=True).prefetch(2)
+        )
+        return model, data
+    model = mk.build(lambda: models.compiled(spec), strategy, gradient_compression=compression)
+    data = mk.distribute(examples, strategy, per_replica_batch_size=per_replica_batch)
+    return model, data
+
+
+def train_rate(
+    model_name: str,
+    replicas: int,
+    per_replica_batch: int,
+    steps: int,
+    repeats: int,
+    raw: bool = False,
+    compression: str | None = None,
+) -> dict[str, Any]:
+    """Trains `repeats` timed epochs of `steps` steps after one warm-up epoch.
+
+    Returns:
+        ``examples_per_sec`` (global, median over repeats), the per-repeat
+        rates, and the replica and worker counts.
+    """
+    strategy = _strategy(replicas, raw)
+    model, data = _model_and_data(model_name, strategy, per_replica_batch, raw, compression)
+    clock = EpochClock()
+    model.fit(data, epochs=repeats + 1, steps_per_epoch=steps, verbose=0, callbacks=[clock])
+    global_batch = per_replica_batch * strategy.num_replicas_in_sync
+    rates = [global_batch * steps / t for t in clock.epoch_times[1:]]
+    return {
+        "examples_per_sec": statistics.median(rates),
+        "rates": rates,
+        "replicas": strategy.num_replicas_in_sync,
+        "global_batch_size": global_batch,
+    }
+
+
+def interleaved(
+    model_name: str,
+    replicas: int,
+    per_replica_batch: int,
+    steps: int,
+    repeats: int,
+    compare: str,
+) -> dict[str, Any]:
+    """A/B step times in one process, alternating epochs: ``raw`` or ``callback`` vs mirrorkit.
+
+    With ``compare="raw"``, A is hand-written tf.distribute + Keras code and B
+    the same model through mirrorkit (mk.strategy, mk.build, mk.distribute,
+    ThroughputCallback). With ``compare="callback"``, A is mirrorkit without
+    and B with a `ThroughputCallback`.
+    """
+    import mirrorkit as mk
+
+    if compare == "raw":
+        raw_strategy = _strategy(replicas, raw=True)
+        a = _model_and_data(model_name, raw_strategy, per_replica_batch, raw=True)
+        b = _model_and_data(model_name, _strategy(replicas, raw=False), per_replica_batch, False)
+        callbacks_a, callbacks_b = [], [mk.ThroughputCallback(verbose=0)]
+    elif compare == "callback":
+        a = b = _model_and_data(model_name, _strategy(replicas, False), per_replica_batch, False)
+        callbacks_a, callbacks_b = [], [mk.ThroughputCallback(verbose=0)]
+    else:
+        raise ValueError(f"compare must be 'raw' or 'callback'; got {compare!r}")
+    times: dict[str, list[float]] = {"a": [], "b": []}
+    for round_ in range(repeats + 1):
+        for key, (model, data), extra in (("a", a, callbacks_a), ("b", b, callbacks_b)):
+            clock = EpochClock()
+            model.fit(data, epochs=1, steps_per_epoch=steps, verbose=0, callbacks=[clock, *extra])
+            if round_ > 0:  # round 0 traces and warms up both
+                times[key].append(clock.epoch_times[0] / steps)
+    median_a, median_b = statistics.median(times["a"]), statistics.median(times["b"])
+    return {
+        "compare": compare,
+        "step_time_a_s": median_a,
+        "step_time_b_s": median_b,
+        "ratio_b_over_a": median_b / median_a,
+        "times": times,
+    }
+
+
+def allreduce_times(repeats: int, sizes: tuple[int, ...] = ALLREDUCE_SIZES) -> list[dict]:
+    """Median all-reduce time of float32 tensors of each size across this job's workers."""
+    import tensorflow as tf
+
+    import mirrorkit as mk
+
+    strategy = mk.strategy()
+    rows = []
+    for size in sizes:
+
+        @tf.function
+        def reduce_once(elements=size // 4):
+            def replica_fn():
+                context = tf.distribute.get_replica_context()
+                tensor = tf.ones([elements], tf.float32)
+                return tf.reduce_sum(context.all_reduce(tf.distribute.ReduceOp.SUM, tensor)[:1])
+
+            return strategy.experimental_local_results(strategy.run(replica_fn))[0]
+
+        reduce_once().numpy()  # trace and warm up
+        times = []
+        for _ in range(repeats):
+            start = time.perf_counter()
+            reduce_once().numpy()
+            times.append(time.perf_counter() - start)
+        rows.append({"bytes": size, "seconds": statistics.median(times)})
+    return rows
+
+
+def memcpy_bandwidth(size: int = 64 * 2**20, repeats: int = 10) -> float:
+    """This machine's memory copy bandwidth in bytes/s (NumPy copy of `size` bytes)."""
+    source = np.ones(size, np.uint8)
+    target = np.empty_like(source)
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        np.copyto(target, source)
+        times.append(time.perf_counter() - start)
+    return size / statistics.median(times)

@@ -1,0 +1,39 @@
+"""Gradient compression in the all-reduce keeps data-parallel training within tolerance."""
+
+import numpy as np
+import pytest
+from _training import make_model
+
+import mirrorkit as mk
+
+#: Documented tolerance (README): max absolute weight difference after 8 SGD steps.
+FP16_TOLERANCE = 2e-3
+
+
+def _train(strategy, compression=None):
+    from _training import GLOBAL_BATCH, make_data
+
+    x, y = make_data()
+    model = mk.build(lambda: make_model("sgd", 0.1), strategy, gradient_compression=compression)
+    data = mk.distribute((x, y), strategy, global_batch_size=GLOBAL_BATCH, shuffle=False)
+    model.fit(data, epochs=2, verbose=0)
+    return model.get_weights()
+
+
+@pytest.mark.parametrize("compression, tolerance", [("fp16", FP16_TOLERANCE), ("bf16", 2e-2)])
+def test_compressed_all_reduce_stays_close_to_one_device(compression, tolerance, capfd):
+    reference = _train(mk.strategy("one_device"))
+    exact = _train(mk.strategy(cpu_replicas=2))
+    compressed = _train(mk.strategy(cpu_replicas=2), compression)
+    exact_diff = max(float(np.abs(a - b).max()) for a, b in zip(exact, reference, strict=True))
+    diff = max(float(np.abs(a - b).max()) for a, b in zip(compressed, reference, strict=True))
+    assert exact_diff < 1e-5
+    assert 0 < diff < tolerance  # the 16-bit all-reduce is in effect, and close
+    assert f"gradient_compression='{compression}'" in capfd.readouterr().err
+
+
+def test_unknown_compression_is_an_error():
+    with pytest.raises(ValueError, match="gradient_compression must be None, 'fp16' or 'bf16'"):
+        mk.build(
+            lambda: make_model("sgd", 0.1), mk.strategy(cpu_replicas=2), gradient_compression="int8"
+        )

@@ -30,7 +30,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--repeats", type=int, default=3, help="timed repeats; medians reported")
     parser.add_argument("--out", default=None, help="directory for JSON and PNG results")
     parser.add_argument(
-        "--no-pin", dest="pin", action="store_false", help="do not pin workers to their own cores"
+        "--no-pin",
+        dest="pin",
+        action="store_false",
+        help="do not pin the workers of multi-worker runs (the 1-worker baseline stays pinned)",
     )
     parser.add_argument(
         "--cores-per-worker", type=int, default=None,
@@ -41,12 +44,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="all-reduce gradients in 16 bits (mk.build(gradient_compression=...))",
     )  # fmt: skip
     parser.add_argument(
+        "--bucket-mb", type=float, default=None,
+        help="gradient packing: all-reduce in buckets of this many MB (mk.strategy(bucket_mb=))",
+    )  # fmt: skip
+    parser.add_argument(
         "--allreduce", action="store_true",
         help="also measure all-reduce latency and bus bandwidth, 4 KB to 64 MB, between workers",
     )  # fmt: skip
     parser.add_argument(
         "--compare-raw", action="store_true",
         help="also time hand-written tf.distribute + Keras against mirrorkit, A/B in one run",
+    )  # fmt: skip
+    parser.add_argument(
+        "--input-pipeline", action="store_true",
+        help="also compare the CNN fed from a tfds image dataset on disk through mk.distribute "
+        "(decode, crop, flip) with in-memory tensors, A/B in one run",
     )  # fmt: skip
     parser.add_argument(
         "--callback-overhead", action="store_true",
@@ -90,7 +102,7 @@ def run(args: argparse.Namespace) -> int:
     results["results"] = sweep.scaling(
         args.model, replicas, workers, batch, args.steps, args.repeats,
         pin=args.pin, cores_per_worker=args.cores_per_worker,
-        compression=args.compression, progress=progress,
+        compression=args.compression, bucket_mb=args.bucket_mb, progress=progress,
     )  # fmt: skip
     print(format_table(results["results"]))
     if args.compare_raw:
@@ -107,6 +119,16 @@ def run(args: argparse.Namespace) -> int:
         ab = sweep.compare(args.model, max(replicas), batch, args.steps, args.repeats, "callback")
         results["callback_overhead"] = ab
         print(f"ThroughputCallback overhead: {(ab['ratio_b_over_a'] - 1) * 100:+.2f}% of step time")
+    if args.input_pipeline:
+        from mirrorkit.bench import input_pipeline
+
+        progress(f"A/B: tfds images on disk vs in-memory tensors, {max(replicas)} replicas")
+        result = sweep.run_config(input_pipeline.compare, (max(replicas), batch, args.repeats))[0]
+        results["input_pipeline"] = result
+        print(
+            f"input pipeline: tfds {result['tfds_examples_per_sec']:,.1f} examples/s, in memory "
+            f"{result['in_memory_examples_per_sec']:,.1f} examples/s, ratio {result['ratio']:.3f}"
+        )
     if args.allreduce:
         results["allreduce"] = sweep.allreduce(max(2, max(workers)), max(args.repeats, 5), progress)
         print(format_allreduce(results["allreduce"]))

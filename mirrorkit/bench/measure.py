@@ -34,7 +34,7 @@ class EpochClock(keras.callbacks.Callback):
         self.epoch_times.append(time.perf_counter() - self._start)
 
 
-def _strategy(replicas: int, raw: bool):
+def _strategy(replicas: int, raw: bool, bucket_mb: float | None = None):
     import tensorflow as tf
 
     import mirrorkit as mk
@@ -52,10 +52,12 @@ def _strategy(replicas: int, raw: bool):
         kind = "GPU" if gpus else "CPU"
         return tf.distribute.MirroredStrategy([f"/{kind}:{i}" for i in range(replicas)])
     if multi_worker:
-        return mk.strategy()
+        return mk.strategy(bucket_mb=bucket_mb)
     if _has_gpus():
-        return mk.strategy(num_gpus=replicas)
-    return mk.strategy("one_device") if replicas == 1 else mk.strategy(cpu_replicas=replicas)
+        return mk.strategy(num_gpus=replicas, bucket_mb=bucket_mb)
+    if replicas == 1:
+        return mk.strategy("one_device")
+    return mk.strategy(cpu_replicas=replicas, bucket_mb=bucket_mb)
 
 
 def _has_gpus() -> bool:
@@ -96,6 +98,7 @@ def train_rate(
     repeats: int,
     raw: bool = False,
     compression: str | None = None,
+    bucket_mb: float | None = None,
 ) -> dict[str, Any]:
     """Trains `repeats` timed epochs of `steps` steps after one warm-up epoch.
 
@@ -103,7 +106,7 @@ def train_rate(
         ``examples_per_sec`` (global, median over repeats), the per-repeat
         rates, and the replica and worker counts.
     """
-    strategy = _strategy(replicas, raw)
+    strategy = _strategy(replicas, raw, bucket_mb)
     model, data = _model_and_data(model_name, strategy, per_replica_batch, raw, compression)
     clock = EpochClock()
     model.fit(data, epochs=repeats + 1, steps_per_epoch=steps, verbose=0, callbacks=[clock])

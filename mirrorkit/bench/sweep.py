@@ -72,6 +72,7 @@ def scaling(
     pin: bool = True,
     cores_per_worker: int | None = None,
     compression: str | None = None,
+    bucket_mb: float | None = None,
     progress: Callable[[str], None] = print,
 ) -> list[dict[str, Any]]:
     """Throughput for each replica count (one worker) and each worker count (one replica each).
@@ -88,12 +89,14 @@ def scaling(
     rows = []
     for number, (r, w) in enumerate(configs, 1):
         worker_job = w > 1 or (max(workers or [1]) > 1 and r == 1)
-        cores = cores_for(w, cores_per_worker) if (pin and worker_job) else None
+        # The single-worker baseline of a worker sweep always gets one worker's cores,
+        # so that --no-pin compares unpinned workers against the same baseline.
+        cores = cores_for(w, cores_per_worker) if worker_job and (pin or w == 1) else None
         where = f", cores {pinning.describe(cores)}" if cores else ""
         progress(f"[{number}/{len(configs)}] {model}: {r} replica(s) x {w} worker(s){where} ...")
         results = run_config(
             measure.train_rate,
-            (model, r, per_replica_batch, steps, repeats, False, compression),
+            (model, r, per_replica_batch, steps, repeats, False, compression, bucket_mb),
             workers=w,
             cores=cores,
         )
@@ -112,6 +115,7 @@ def scaling(
                 "cores": cores,
                 "pinned": cores is not None,
                 "compression": compression,
+                "bucket_mb": bucket_mb,
             }
         )
         progress(f"    {rate:,.1f} examples/s ({rate / total_replicas:,.1f} per replica)")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -114,6 +115,11 @@ def distribute(
     model.evaluate(mk.distribute((x, y), strategy, global_batch_size=32, for_eval=True))
     ```
     """
+    # Keras warns on every fit() that its shuffle=True does not apply to a dataset; this
+    # dataset shuffles itself (shuffle=), so the warning would only mislead.
+    warnings.filterwarnings(
+        "ignore", message="`shuffle=True` was passed, but will be ignored", category=UserWarning
+    )
     if strategy is None:
         from mirrorkit.factory import current_strategy
 

@@ -28,6 +28,9 @@ class BenchImages(tfds.core.GeneratorBasedBuilder):
 
     VERSION = tfds.core.Version("1.0.0")
     num_examples = 5120
+    # Nothing is downloaded, so there is no checksums file to find next to the code. Without
+    # this, tfds looks for one through importlib_resources, which it does not install.
+    code_path = None
 
     def _info(self) -> tfds.core.DatasetInfo:
         return tfds.core.DatasetInfo(

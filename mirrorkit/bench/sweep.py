@@ -82,8 +82,7 @@ def scaling(
         examples_per_sec_per_replica, scaling_efficiency (against the
         single-replica, single-worker row), pinned cores.
     """
-    configs = [(r, 1) for r in replicas]
-    configs += [(1, w) for w in workers if (1, w) not in configs]
+    configs = sorted({(r, 1) for r in replicas} | {(1, w) for w in workers}, key=_order)
     if workers and max(workers) > 1 and cores_per_worker is None:
         cores_per_worker = max(1, len(pinning.available_cpus() or [0]) // max(workers))
     rows = []
@@ -121,6 +120,11 @@ def scaling(
         progress(f"    {rate:,.1f} examples/s ({rate / total_replicas:,.1f} per replica)")
     _add_efficiency(rows)
     return rows
+
+
+def _order(config: tuple[int, int]) -> tuple[int, int]:
+    replicas, workers = config
+    return workers, replicas
 
 
 def _add_efficiency(rows: list[dict[str, Any]]) -> None:

@@ -18,8 +18,27 @@ _SHARD_POLICIES = {
     "file": tf.data.experimental.AutoShardPolicy.FILE,
     "off": tf.data.experimental.AutoShardPolicy.OFF,
 }
-#: Shuffle buffer for pipelines whose size is unknown.
-DEFAULT_SHUFFLE_BUFFER = 10_000
+#: Fewest examples in the shuffle buffer of a streamed (not in-memory) source.
+MIN_SHUFFLE_BUFFER = 1024
+
+
+def streaming_buffer(count: int | None, global_batch_size: int) -> int:
+    """Shuffle buffer of a streamed source: 8 global batches, at least 1,024, at most all.
+
+    In-memory arrays are shuffled whole (their indices move, not the data).
+    A stream (tfds files, a dataset) refills its buffer at every epoch start
+    before the first batch, so a buffer of the whole set would stall each
+    epoch for a full pass of decoding; tfds sources also shuffle their file
+    order every epoch.
+
+    Example:
+    >>> streaming_buffer(50_000, 256)
+    2048
+    >>> streaming_buffer(500, 32)
+    500
+    """
+    buffer = max(MIN_SHUFFLE_BUFFER, 8 * global_batch_size)
+    return buffer if count is None else min(count, buffer)
 
 
 def distribute(
@@ -83,8 +102,9 @@ def distribute(
         as_supervised: read tfds examples as ``(input, label)`` tuples.
         preprocess: a function applied to each example after shuffling and
             before batching (decoding, augmentation).
-        shuffle_buffer_size: examples in the shuffle buffer; the whole data
-            set when its size is known, else 10,000.
+        shuffle_buffer_size: examples in the shuffle buffer; in-memory arrays
+            are shuffled whole, streamed sources keep 8 global batches (at
+            least 1,024; see `streaming_buffer`).
 
     Returns:
         TensorFlow's own distributed dataset, which ``fit``, ``evaluate`` and
@@ -262,7 +282,7 @@ def _global_pipeline(
         if options.cache:
             dataset = dataset.cache()
         if options.shuffle:
-            buffer = options.buffer or count or DEFAULT_SHUFFLE_BUFFER
+            buffer = options.buffer or streaming_buffer(count, size)
             dataset = dataset.shuffle(buffer, seed=seed, reshuffle_each_iteration=True)
         if options.preprocess is not None:
             dataset = dataset.map(options.preprocess, num_parallel_calls=tf.data.AUTOTUNE)
@@ -333,7 +353,9 @@ def _per_worker_tfds(
         if options.cache:
             dataset = dataset.cache()
         if options.shuffle:
-            buffer = options.buffer or counts[context.input_pipeline_id]
+            buffer = options.buffer or streaming_buffer(
+                counts[context.input_pipeline_id], sizes.global_batch_size
+            )
             worker_seed = None if seed is None else seed + context.input_pipeline_id
             dataset = dataset.shuffle(buffer, seed=worker_seed, reshuffle_each_iteration=True)
         if options.preprocess is not None:

@@ -84,11 +84,11 @@ def compare(replicas: int, per_replica_batch: int, repeats: int) -> dict[str, An
         from_disk = mk.distribute(
             builder, strategy, global_batch_size=global_batch, split="train", preprocess=augment
         )
-        x, y = models.synthetic_example(spec)
-        in_memory = strategy.experimental_distribute_dataset(
-            tf.data.Dataset.from_tensors(
-                (tf.stack([x] * global_batch), tf.fill([global_batch], y))
-            ).repeat(steps)
+        example = models.synthetic_example(spec)
+        in_memory = mk.distribute(  # the same model input, made once and held in memory
+            lambda context: tf.data.Dataset.from_tensors(example).repeat(steps * global_batch),
+            strategy,
+            global_batch_size=global_batch,
         )
         disk_model = mk.build(lambda: models.compiled(spec), strategy)
         memory_model = mk.build(lambda: models.compiled(spec), strategy)

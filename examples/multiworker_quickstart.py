@@ -13,7 +13,6 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
-import tensorflow as tf  # noqa: E402
 
 import mirrorkit as mk  # noqa: E402
 
@@ -41,9 +40,11 @@ def main():
     rng = np.random.default_rng(0)
     y = rng.integers(0, 4, size=2048).astype("int32")
     x = (rng.normal(scale=0.5, size=(4, 16))[y] + rng.normal(size=(2048, 16))).astype("float32")
-    data = tf.data.Dataset.from_tensor_slices((x, y)).batch(GLOBAL_BATCH)
+    # Each worker takes its share of every global batch; the shuffle seed is shared.
+    data = mk.distribute((x, y), strategy, global_batch_size=GLOBAL_BATCH, seed=0)
 
-    history = model.fit(data, epochs=3, verbose=2 if mk.is_chief() else 0)
+    throughput = mk.ThroughputCallback(warmup_steps=5)
+    history = model.fit(data, epochs=3, verbose=2 if mk.is_chief() else 0, callbacks=[throughput])
     weights_sum = float(sum(np.sum(w) for w in model.get_weights()))
     print(f"worker {mk.describe().worker_index}: weight checksum {weights_sum:.6f}")
     mk.print(

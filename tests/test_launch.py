@@ -285,3 +285,15 @@ def test_two_hosts_on_loopback_train_together(tmp_path):
 def test_launch_rejects_inconsistent_multi_host_flags(flags, message):
     done = _launch(*flags, "examples/multiworker_quickstart.py", timeout=60)
     assert done.returncode == 2 and message in done.stderr
+
+
+def test_quickstart_example_runs():
+    done = subprocess.run(
+        [sys.executable, "examples/quickstart.py"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=ROOT,
+    )
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    assert "final: test loss" in done.stdout and "examples/s" in done.stdout

@@ -218,6 +218,7 @@ def test_backup_and_checkpoint_fail_upstream(tmp_path):
         except WorkerError as err:
             assert re.search("FileExistsError|unable to lock|Unable to|exists", str(err))
             failures += 1
+            break  # one reproduction is enough; the race may need a few tries
     assert failures > 0
 
 

@@ -10,7 +10,8 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
-from mirrorkit import chief, cluster
+from mirrorkit import chief
+from mirrorkit import workers as workers_lib
 from mirrorkit.pipeline import batch_sizes, batched, sources, tfds_source
 
 _SHARD_POLICIES = {
@@ -150,7 +151,7 @@ def distribute(
     options = _Options.check(
         shuffle, drop_remainder, shard, for_eval, cache, prefetch, preprocess, shuffle_buffer_size
     )
-    workers = _num_workers(strategy)
+    workers = workers_lib.num_workers(strategy)
     if options.shuffle:
         seed = _agreed_seed(strategy, workers) if seed is None else int(seed)
     if tfds_source.is_tfds(data):
@@ -230,23 +231,11 @@ class _Options:
         )
 
 
-def _num_workers(strategy: tf.distribute.Strategy) -> int:
-    if isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy):
-        return cluster.from_environment().num_workers
-    return 1
-
-
 def _agreed_seed(strategy: tf.distribute.Strategy, workers: int) -> int:
     """A fresh random seed, the chief's, shared with every worker by one collective."""
     seed = int(np.random.default_rng().integers(2**31 - 1))
     if workers > 1:
-        mine = seed if chief.is_chief() else 0
-
-        def value(context: tf.distribute.ValueContext) -> tf.Tensor:
-            return tf.constant(mine if context.replica_id_in_sync_group == 0 else 0, tf.int64)
-
-        values = strategy.experimental_distribute_values_from_function(value)
-        seed = int(strategy.reduce("SUM", values, axis=None))
+        seed = int(workers_lib.gather(strategy, [seed])[0, 0])  # float64 holds it exactly
     chief.say_once("shuffle-seed", f"shuffling with seed {seed}; pass seed={seed} to repeat it")
     return seed
 

@@ -11,7 +11,8 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from mirrorkit import chief, cluster
+from mirrorkit import chief
+from mirrorkit import workers as workers_lib
 from mirrorkit.throughput.report import EpochThroughput, ThroughputReport
 from mirrorkit.throughput.step_clock import StepClock
 
@@ -104,7 +105,7 @@ class ThroughputCallback(keras.callbacks.Callback):
     def set_model(self, model: keras.Model) -> None:
         """Instruments the model's step in a multi-worker job (see `StepClock`)."""
         super().set_model(model)
-        if self._workers(model) > 1 and not self._clock.installed:
+        if workers_lib.num_workers(model.distribute_strategy) > 1 and not self._clock.installed:
             if not self._clock.install(model):
                 chief.say_once(
                     "throughput-no-clock",
@@ -117,7 +118,7 @@ class ThroughputCallback(keras.callbacks.Callback):
         strategy = self.model.distribute_strategy
         self.report = ThroughputReport(
             strategy.num_replicas_in_sync,
-            self._workers(self.model),
+            workers_lib.num_workers(self.model.distribute_strategy),
             self.global_batch_size,
             self.baseline,
         )
@@ -235,23 +236,8 @@ class ThroughputCallback(keras.callbacks.Callback):
             min(self.warmup_steps, max(compute.size - 1, 0)) if len(self.report.epochs) == 0 else 0
         )
         mine = float(np.median(compute[skip:])) if compute.size else 0.0
-        strategy = self.model.distribute_strategy
-        rank = cluster.from_environment().task_index
-        first_local = rank * (strategy.num_replicas_in_sync // workers)
-
-        def value(context: tf.distribute.ValueContext) -> tf.Tensor:
-            vector = np.zeros(workers)
-            if context.replica_id_in_sync_group == first_local:
-                vector[rank] = mine
-            return tf.constant(vector, tf.float64)
-
-        values = strategy.experimental_distribute_values_from_function(value)
-        return [float(v) for v in strategy.reduce("SUM", values, axis=None).numpy()]
-
-    def _workers(self, model: keras.Model) -> int:
-        if isinstance(model.distribute_strategy, tf.distribute.MultiWorkerMirroredStrategy):
-            return cluster.from_environment().num_workers
-        return 1
+        table = workers_lib.gather(self.model.distribute_strategy, [mine])
+        return [float(v) for v in table[:, 0]]
 
     def _write_tensorboard(self, figures: EpochThroughput) -> None:
         with self._writer.as_default():

@@ -178,3 +178,28 @@ def test_strategies_with_different_replica_counts_work_in_one_process():
             return strategy.experimental_local_results(strategy.run(one))[0]
 
         assert float(count_replicas()) == replicas
+
+
+def test_buckets_start_with_the_last_layer_so_all_reduce_overlaps_backprop():
+    """bucket_mb's promise: the first collective carries the gradients computed first.
+
+    Backpropagation produces the last layer's gradients first; the first
+    bucket must hold them, or every bucket waits for the whole backward pass.
+    """
+    from _training import GLOBAL_BATCH, make_data, make_model
+
+    strategy = mk.strategy(cpu_replicas=2, bucket_mb=100 / 2**20)  # 100-byte buckets
+    model = mk.build(lambda: make_model("sgd", 0.1), strategy)
+    x, y = make_data()
+    data = mk.distribute((x, y), strategy, global_batch_size=GLOBAL_BATCH, shuffle=False)
+    model.fit(data, epochs=1, steps_per_epoch=1, verbose=0)  # creates the optimizer's variables
+    step = tf.function(lambda batch: strategy.run(model.train_step, args=(batch,)))
+    graph = step.get_concrete_function(next(iter(data))).graph
+    sizes = [
+        op.inputs[0].shape.num_elements()
+        for op in graph.get_operations()  # in the order they were made, which they run in
+        if op.type == "CollectiveReduceV2" and op.device.endswith("CPU:0")
+    ]
+    # Variables, first layer first: conv 72+4, dense 512+8, dense 24+3 elements.
+    # Packed from the end into buckets just over 100 bytes: 24+3, 512+8, 72+4.
+    assert sizes == [27, 520, 76]

@@ -32,7 +32,9 @@ class ThroughputCallback(keras.callbacks.Callback):
     (measured inside the compiled step and read once an epoch); at epoch end
     the workers exchange their medians with one collective. A worker whose
     median exceeds the median of the others' by more than `straggler_factor`
-    is flagged as a straggler.
+    is flagged as a straggler. The slowest worker's median over the median
+    step time is the epoch's ``compute_share``: how much of each step is
+    computation, and so how much the all-reduce, input and host work cost.
 
     Args:
         log_every: also print a progress line every this many steps (chief,
@@ -211,6 +213,7 @@ class ThroughputCallback(keras.callbacks.Callback):
             figures.slowest_worker = int(np.argmax(worker_medians))
             figures.spread = max(worker_medians) / min(worker_medians)
             figures.straggler = find_straggler(worker_medians, self.straggler_factor)
+            figures.compute_share = max(worker_medians) / figures.step_time_median_s
         return figures
 
     def _rate(self, times: np.ndarray) -> float:
@@ -248,6 +251,7 @@ class ThroughputCallback(keras.callbacks.Callback):
                 "step_time_p90_s",
                 "scaling_efficiency",
                 "spread",
+                "compute_share",
             ):
                 value = getattr(figures, key)
                 if value is not None:
@@ -281,7 +285,10 @@ def _summary_line(figures: EpochThroughput, report: ThroughputReport) -> str:
     if figures.scaling_efficiency is not None:
         line += f", scaling efficiency {figures.scaling_efficiency:.2f}"
     if figures.worker_compute_median_s:
-        line += f"; slowest worker {figures.slowest_worker} (spread {figures.spread:.2f}x)"
+        line += (
+            f"; slowest worker {figures.slowest_worker} (spread {figures.spread:.2f}x), "
+            f"computing {figures.compute_share:.0%} of a step"
+        )
         if figures.straggler is not None:
             line += f"; STRAGGLER: worker {figures.straggler}"
     return line

@@ -19,6 +19,7 @@ _COLUMNS = (
     ("epoch_time_s", "epoch s", "{:.2f}"),
     ("scaling_efficiency", "efficiency", "{:.3f}"),
     ("slowest_worker", "slowest worker", "{}"),
+    ("compute_share", "compute share", "{:.2f}"),
     ("straggler", "straggler", "{}"),
 )
 
@@ -44,6 +45,9 @@ class EpochThroughput:
         spread: slowest / fastest worker compute median.
         straggler: the worker whose compute median exceeds the median of the
             others' by more than the straggler factor, else None.
+        compute_share: the slowest worker's compute median over the median
+            step time: the share of a step that is computation; the rest is
+            the all-reduce, waiting for input and per-step host work.
         scaling_efficiency: per-replica examples/s over the single-replica
             baseline, when a baseline was given.
     """
@@ -61,6 +65,7 @@ class EpochThroughput:
     slowest_worker: int | None = None
     spread: float | None = None
     straggler: int | None = None
+    compute_share: float | None = None
     scaling_efficiency: float | None = None
 
 
@@ -109,7 +114,7 @@ class ThroughputReport:
         """Indices of the columns worth showing (multi-worker and baseline ones only if used)."""
         keep = []
         for i, (key, _, _) in enumerate(_COLUMNS):
-            if key in ("slowest_worker", "straggler") and self.num_workers < 2:
+            if key in ("slowest_worker", "compute_share", "straggler") and self.num_workers < 2:
                 continue
             if key == "scaling_efficiency" and self.baseline_examples_per_sec is None:
                 continue

@@ -1,6 +1,7 @@
 """`mirrorkit bench` end to end, and its argument errors."""
 
 import json
+import statistics
 import subprocess
 import sys
 
@@ -18,17 +19,24 @@ def _bench(*args, timeout=600):
 
 @pytest.mark.slow
 def test_bench_mlp_on_one_and_two_replicas_writes_json(tmp_path):
-    done = _bench("--model", "mlp", "--replicas", "1,2", "--steps", "20", "--out", str(tmp_path))
+    done = _bench(
+        "--model", "mlp", "--replicas", "1,2", "--steps", "20", "--repeats", "2", "--rounds", "2",
+        "--out", str(tmp_path),
+    )  # fmt: skip
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     results = json.loads((tmp_path / "bench-mlp.json").read_text())
     rows = results["results"]
     assert [(r["replicas"], r["workers"]) for r in rows] == [(1, 1), (2, 1)]
     for row in rows:
-        assert row["examples_per_sec"] > 0 and len(row["rates"]) == 3
+        assert row["examples_per_sec"] > 0 and len(row["rates"]) == 4  # 2 repeats x 2 rounds
+        assert row["examples_per_sec"] == statistics.median(row["examples_per_sec_per_round"])
         assert row["examples_per_sec_per_replica"] == pytest.approx(
             row["examples_per_sec"] / row["replicas"]
         )
     assert rows[0]["scaling_efficiency"] == 1.0
+    one, two = (row["examples_per_sec_per_round"] for row in rows)
+    assert rows[1]["efficiency_per_round"] == pytest.approx([b / 2 / a for a, b in zip(one, two)])
+    assert "(round 2/2)" in done.stderr
     assert "examples/s" in done.stdout and "efficiency" in done.stdout
     assert "[2/2] mlp: 2 replica(s)" in done.stderr  # progress while it runs
     assert (tmp_path / "bench-mlp.png").stat().st_size > 0
@@ -39,7 +47,8 @@ def test_bench_mlp_on_one_and_two_replicas_writes_json(tmp_path):
     [
         (["--replicas", "0"], "--replicas counts must be positive"),
         (["--workers", "two"], "--workers takes comma-separated counts"),
-        (["--steps", "0"], "--steps and --repeats must be at least 1"),
+        (["--steps", "0"], "--steps, --repeats and --rounds must be at least 1"),
+        (["--rounds", "0"], "--steps, --repeats and --rounds must be at least 1"),
     ],
 )
 def test_bench_rejects_bad_arguments(args, message):

@@ -28,6 +28,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--steps", type=int, default=50, help="timed steps per repeat")
     parser.add_argument("--repeats", type=int, default=3, help="timed repeats; medians reported")
+    parser.add_argument(
+        "--rounds", type=int, default=1,
+        help="run every configuration this many times, alternating, and report medians: "
+        "side-by-side ratios on a machine whose speed drifts",
+    )  # fmt: skip
     parser.add_argument("--out", default=None, help="directory for JSON and PNG results")
     parser.add_argument(
         "--no-pin",
@@ -83,8 +88,8 @@ def run(args: argparse.Namespace) -> int:
     try:
         replicas = _counts(args.replicas, "--replicas")
         workers = _counts(args.workers, "--workers")
-        if args.steps < 1 or args.repeats < 1:
-            raise ValueError("--steps and --repeats must be at least 1")
+        if args.steps < 1 or args.repeats < 1 or args.rounds < 1:
+            raise ValueError("--steps, --repeats and --rounds must be at least 1")
     except ValueError as err:
         print(f"mirrorkit bench: {err}")
         return 2
@@ -96,13 +101,15 @@ def run(args: argparse.Namespace) -> int:
         "per_replica_batch_size": batch,
         "steps": args.steps,
         "repeats": args.repeats,
+        "rounds": args.rounds,
         "machine": {"cpus": os.cpu_count(), "platform": platform.platform()},
         "command": "mirrorkit bench " + " ".join(args.argv),
     }
     results["results"] = sweep.scaling(
         args.model, replicas, workers, batch, args.steps, args.repeats,
         pin=args.pin, cores_per_worker=args.cores_per_worker,
-        compression=args.compression, bucket_mb=args.bucket_mb, progress=progress,
+        compression=args.compression, bucket_mb=args.bucket_mb, rounds=args.rounds,
+        progress=progress,
     )  # fmt: skip
     print(format_table(results["results"]))
     if args.compare_raw:

@@ -8,6 +8,7 @@ cores, through the same machinery as ``mirrorkit launch``.
 from __future__ import annotations
 
 import io
+import statistics
 import sys
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -73,53 +74,73 @@ def scaling(
     cores_per_worker: int | None = None,
     compression: str | None = None,
     bucket_mb: float | None = None,
+    rounds: int = 1,
     progress: Callable[[str], None] = print,
 ) -> list[dict[str, Any]]:
     """Throughput for each replica count (one worker) and each worker count (one replica each).
 
+    With `rounds` > 1 every configuration runs that many times, one round of
+    all configurations after another, so that each ratio compares runs made
+    minutes apart rather than a whole sweep apart.
+
     Returns:
-        One row per configuration: replicas, workers, examples_per_sec,
-        examples_per_sec_per_replica, scaling_efficiency (against the
-        single-replica, single-worker row), pinned cores.
+        One row per configuration: replicas, workers, examples_per_sec (the
+        median over rounds), examples_per_sec_per_replica, scaling_efficiency
+        (against the single-replica, single-worker row: the median of the
+        rounds' ratios), efficiency_per_round, pinned cores.
     """
     configs = sorted({(r, 1) for r in replicas} | {(1, w) for w in workers}, key=_order)
     if workers and max(workers) > 1 and cores_per_worker is None:
         cores_per_worker = max(1, len(pinning.available_cpus() or [0]) // max(workers))
-    rows = []
-    for number, (r, w) in enumerate(configs, 1):
-        worker_job = w > 1 or (max(workers or [1]) > 1 and r == 1)
-        # The single-worker baseline of a worker sweep always gets one worker's cores,
-        # so that --no-pin compares unpinned workers against the same baseline.
-        cores = cores_for(w, cores_per_worker) if worker_job and (pin or w == 1) else None
-        where = f", cores {pinning.describe(cores)}" if cores else ""
-        progress(f"[{number}/{len(configs)}] {model}: {r} replica(s) x {w} worker(s){where} ...")
-        results = run_config(
-            measure.train_rate,
-            (model, r, per_replica_batch, steps, repeats, False, compression, bucket_mb),
-            workers=w,
-            cores=cores,
-        )
-        chief = results[0]
-        rate = chief["examples_per_sec"]
-        total_replicas = chief["replicas"]
-        rows.append(
-            {
-                "model": model,
-                "replicas": total_replicas if w == 1 else 1,
-                "workers": w,
-                "global_batch_size": chief["global_batch_size"],
-                "examples_per_sec": rate,
-                "examples_per_sec_per_replica": rate / total_replicas,
-                "rates": chief["rates"],
-                "cores": cores,
-                "pinned": cores is not None,
-                "compression": compression,
-                "bucket_mb": bucket_mb,
-            }
-        )
-        progress(f"    {rate:,.1f} examples/s ({rate / total_replicas:,.1f} per replica)")
+    runs: dict[tuple[int, int], list[dict[str, Any]]] = {config: [] for config in configs}
+    for round_ in range(1, rounds + 1):
+        for number, (r, w) in enumerate(configs, 1):
+            worker_job = w > 1 or (max(workers or [1]) > 1 and r == 1)
+            # The single-worker baseline of a worker sweep always gets one worker's cores,
+            # so that --no-pin compares unpinned workers against the same baseline.
+            cores = cores_for(w, cores_per_worker) if worker_job and (pin or w == 1) else None
+            where = f", cores {pinning.describe(cores)}" if cores else ""
+            of_rounds = f" (round {round_}/{rounds})" if rounds > 1 else ""
+            progress(
+                f"[{number}/{len(configs)}] {model}: {r} replica(s) x {w} worker(s){where}"
+                f"{of_rounds} ..."
+            )
+            chief = run_config(
+                measure.train_rate,
+                (model, r, per_replica_batch, steps, repeats, False, compression, bucket_mb),
+                workers=w,
+                cores=cores,
+            )[0]
+            chief["cores"] = cores
+            runs[(r, w)].append(chief)
+            per_replica = chief["examples_per_sec"] / chief["replicas"]
+            progress(
+                f"    {chief['examples_per_sec']:,.1f} examples/s ({per_replica:,.1f} per replica)"
+            )
+    rows = [_row(model, w, runs[(r, w)], compression, bucket_mb) for r, w in configs]
     _add_efficiency(rows)
     return rows
+
+
+def _row(model, workers, runs, compression, bucket_mb) -> dict[str, Any]:
+    """One configuration's row: medians over its rounds."""
+    total_replicas = runs[0]["replicas"]
+    per_round = [run["examples_per_sec"] for run in runs]
+    rate = statistics.median(per_round)
+    return {
+        "model": model,
+        "replicas": total_replicas if workers == 1 else 1,
+        "workers": workers,
+        "global_batch_size": runs[0]["global_batch_size"],
+        "examples_per_sec": rate,
+        "examples_per_sec_per_replica": rate / total_replicas,
+        "examples_per_sec_per_round": per_round,
+        "rates": [r for run in runs for r in run["rates"]],
+        "cores": runs[0]["cores"],
+        "pinned": runs[0]["cores"] is not None,
+        "compression": compression,
+        "bucket_mb": bucket_mb,
+    }
 
 
 def _order(config: tuple[int, int]) -> tuple[int, int]:
@@ -128,13 +149,20 @@ def _order(config: tuple[int, int]) -> tuple[int, int]:
 
 
 def _add_efficiency(rows: list[dict[str, Any]]) -> None:
+    """Each row's efficiency in every round against that round's baseline, and their median."""
     base = next((r for r in rows if r["replicas"] == 1 and r["workers"] == 1), None)
     for row in rows:
-        row["scaling_efficiency"] = (
-            row["examples_per_sec_per_replica"] / base["examples_per_sec_per_replica"]
-            if base
-            else None
-        )
+        if base is None:
+            row["scaling_efficiency"], row["efficiency_per_round"] = None, None
+            continue
+        replicas = row["examples_per_sec"] / row["examples_per_sec_per_replica"]
+        row["efficiency_per_round"] = [
+            rate / replicas / base_rate
+            for rate, base_rate in zip(
+                row["examples_per_sec_per_round"], base["examples_per_sec_per_round"], strict=True
+            )
+        ]
+        row["scaling_efficiency"] = statistics.median(row["efficiency_per_round"])
 
 
 def allreduce(workers: int, repeats: int, progress: Callable[[str], None] = print) -> dict:

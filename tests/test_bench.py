@@ -35,7 +35,8 @@ def test_bench_mlp_on_one_and_two_replicas_writes_json(tmp_path):
         )
     assert rows[0]["scaling_efficiency"] == 1.0
     one, two = (row["examples_per_sec_per_round"] for row in rows)
-    assert rows[1]["efficiency_per_round"] == pytest.approx([b / 2 / a for a, b in zip(one, two)])
+    expected = [b / 2 / a for a, b in zip(one, two, strict=True)]
+    assert rows[1]["efficiency_per_round"] == pytest.approx(expected)
     assert "(round 2/2)" in done.stderr
     assert "examples/s" in done.stdout and "efficiency" in done.stdout
     assert "[2/2] mlp: 2 replica(s)" in done.stderr  # progress while it runs

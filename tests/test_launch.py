@@ -18,13 +18,14 @@ pytestmark = pytest.mark.slow
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def _launch(*args, timeout=240):
+def _launch(*args, timeout=240, env=None):
     return subprocess.run(
         [sys.executable, "-m", "mirrorkit", "launch", *args],
         capture_output=True,
         text=True,
         timeout=timeout,
         cwd=ROOT,
+        env=env,  # the whole environment, when given
     )
 
 
@@ -155,6 +156,41 @@ def test_launch_pins_each_worker_to_its_own_cpus(tmp_path):
     said, seen = _cpus_seen(tmp_path, "--no-pin")
     assert [cpus for cpus, _ in seen] == [machine, machine]
     assert "pinning" not in said
+
+
+REPORT_MALLOC = """
+import json, os, sys
+from mirrorkit.launcher.allocator import MALLOC_ENV
+with open(os.path.join(sys.argv[1], os.environ["MIRRORKIT_WORKER"]), "w") as f:
+    json.dump({name: os.environ.get(name) for name in MALLOC_ENV}, f)
+"""
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="glibc malloc settings are Linux-only")
+def test_workers_keep_freed_memory_unless_the_user_chose_malloc_settings(tmp_path):
+    from mirrorkit.launcher.allocator import MALLOC_ENV
+
+    script = tmp_path / "malloc.py"
+    script.write_text(REPORT_MALLOC)
+    for name, user_env in (("ours", {}), ("theirs", {"MALLOC_TOP_PAD_": "0"})):
+        out = tmp_path / name
+        out.mkdir()
+        env = _without(MALLOC_ENV, user_env)
+        done = _launch("-n", "2", str(script), str(out), timeout=60, env=env)
+        assert done.returncode == 0, done.stderr
+        seen = [json.loads((out / str(i)).read_text()) for i in range(2)]
+        if user_env:  # the user's choice passes through, and nothing is added to it
+            expected = {key: user_env.get(key) for key in MALLOC_ENV}
+            assert "keep freed memory" not in done.stderr
+        else:
+            expected = MALLOC_ENV
+            assert done.stderr.count("workers keep freed memory for reuse") == 1
+        assert seen == [expected, expected]
+
+
+def _without(names, env):
+    """This process's environment without `names`, plus `env`."""
+    return {**{k: v for k, v in os.environ.items() if k not in names}, **env}
 
 
 HOLD_SERVER = """

@@ -69,6 +69,7 @@ def launch(
         )
     addresses = cluster_spec.local_addresses(num_workers)
     job = hosts.Layout(tuple(addresses), 0, num_workers, False)
+    script.plan_allocator()
     results = processes.run_function(
         fn,
         args,

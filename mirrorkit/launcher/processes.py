@@ -23,7 +23,7 @@ from typing import Any, BinaryIO, TextIO
 
 import cloudpickle
 
-from mirrorkit.launcher import pinning
+from mirrorkit.launcher import allocator, pinning
 
 #: Output lines of each worker kept for the error message of a failed worker.
 TAIL_LINES = 60
@@ -178,6 +178,8 @@ def _worker_env(
     env: Callable[[int], Mapping[str, str]] | None, cpus: Sequence[Sequence[int]] | None, i: int
 ) -> dict[str, str]:
     extra = dict(env(i)) if env else {}
+    for name, value in allocator.malloc_env().items():
+        extra.setdefault(name, value)
     if cpus:
         for name, value in pinning.thread_env(len(cpus[i])).items():
             if name not in os.environ:  # the user's own thread settings win

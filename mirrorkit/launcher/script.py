@@ -12,7 +12,7 @@ import argparse
 import os
 import sys
 
-from mirrorkit.launcher import cluster_spec, hosts, netns, pinning, processes
+from mirrorkit.launcher import allocator, cluster_spec, hosts, netns, pinning, processes
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -116,6 +116,7 @@ def run(args: argparse.Namespace) -> int:
     target = ["-m", args.target] if args.module else [args.target]
     command = [sys.executable, *target, *args.args]
     cpus = plan_cpus(job.local_workers, args.pin)
+    plan_allocator()
     private = plan_network(job, args.private_network)
     ranks = job.local_ranks
     _say(
@@ -162,6 +163,12 @@ def plan_cpus(num_workers: int, pin: bool) -> list[list[int]] | None:
         "thread pools of that size; --no-pin turns this off"
     )
     return groups
+
+
+def plan_allocator() -> None:
+    """Says once what the workers' memory allocator keeps (`allocator`), when it applies."""
+    if allocator.malloc_env():
+        _say(allocator.describe())
 
 
 def plan_network(job: hosts.Layout, wanted: bool) -> bool:

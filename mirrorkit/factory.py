@@ -134,6 +134,7 @@ def build(
     strategy: tf.distribute.Strategy | None = None,
     *,
     gradient_compression: str | None = None,
+    step_logs: str = "averaged",
 ) -> keras.Model:
     """Calls ``model_fn()`` under the strategy's scope and returns its model.
 
@@ -147,6 +148,13 @@ def build(
         gradient_compression: ``"fp16"`` or ``"bf16"`` all-reduces float32
             gradients in 16 bits (half the bytes, less precision; see
             `mirrorkit.compression`); None (the default) keeps float32.
+        step_logs: ``"averaged"`` (the default) averages the logs Keras
+            hands to the progress bar and ``on_train_batch_end`` over every
+            replica after each step; ``"local"`` averages them over this
+            worker's replicas only, sparing a cross-worker collective per
+            step (multi-worker only; epoch logs and ``History`` stay averaged
+            over every replica). It belongs to the strategy: the last `build`
+            on a strategy sets it.
 
     Returns:
         The `keras.Model` that ``model_fn`` returned.
@@ -164,6 +172,8 @@ def build(
     model = mk.build(make_model, mk.strategy(cpu_replicas=2))
     ```
     """
+    if step_logs not in STEP_LOGS:
+        raise ValueError(f"step_logs must be 'averaged' or 'local'; got {step_logs!r}")
     if isinstance(model_fn, keras.Model) or not callable(model_fn):
         raise TypeError(
             f"build() takes a function that returns a keras.Model; got {type(model_fn).__name__}. "
@@ -179,11 +189,30 @@ def build(
         from mirrorkit import compat
 
         compat.prepare_model(model, chosen)
+    _set_step_logs(chosen, step_logs)
     if gradient_compression is not None:
         from mirrorkit import compression
 
         compression.apply(model, gradient_compression, chosen)
     return model
+
+
+#: What `build`'s ``step_logs`` accepts.
+STEP_LOGS = ("averaged", "local")
+
+
+def _set_step_logs(chosen: tf.distribute.Strategy, step_logs: str) -> None:
+    from mirrorkit.compat.multi_worker_reduce import LOCAL_STEP_LOGS
+
+    local = step_logs == "local" and isinstance(chosen, tf.distribute.MultiWorkerMirroredStrategy)
+    setattr(chosen, LOCAL_STEP_LOGS, local)
+    if local:
+        chief.say_once(
+            "step-logs-local",
+            "per-step logs (progress bar, on_train_batch_end) are this worker's own "
+            "(step_logs='local'): no cross-worker collective per step; epoch logs and History "
+            "are averaged over every replica",
+        )
 
 
 def current_strategy() -> tf.distribute.Strategy:

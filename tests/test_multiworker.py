@@ -245,3 +245,44 @@ def _single_process_sgd_fit(epochs):
     import mirrorkit as mk
 
     return train_small_model(mk.strategy("one_device"), "sgd", 0.1, epochs=epochs)
+
+
+def _fit_recording_step_logs(step_logs):
+    import keras
+    from _training import GLOBAL_BATCH, make_data, make_model
+
+    import mirrorkit as mk
+
+    strategy = mk.strategy()
+    model = mk.build(lambda: make_model("sgd", 0.1), strategy, step_logs=step_logs)
+    x, y = make_data()
+    data = mk.distribute((x, y), strategy, global_batch_size=GLOBAL_BATCH, shuffle=False)
+    step_losses = []
+    record = keras.callbacks.LambdaCallback(
+        on_train_batch_end=lambda batch, logs: step_losses.append(float(logs["loss"]))
+    )
+    history = model.fit(data, epochs=2, verbose=0, callbacks=[record])
+    return step_losses, history.history, [w.tolist() for w in model.get_weights()]
+
+
+def test_local_step_logs_skip_the_per_step_average_and_keep_epoch_logs_exact():
+    averaged = run_workers(_fit_recording_step_logs, "averaged", n=2)
+    local = run_workers(_fit_recording_step_logs, "local", n=2)
+    # Averaged: every worker sees the same per-step loss.
+    assert averaged[0][0] == pytest.approx(averaged[1][0], abs=1e-7)
+    # Local: each worker sees the loss of its own half of each batch.
+    differences = [abs(a - b) for a, b in zip(local[0][0], local[1][0], strict=True)]
+    assert max(differences) > 1e-4
+    for worker in range(2):
+        # Training and the epoch logs in History are those of the averaged run.
+        for key, values in averaged[0][1].items():
+            np.testing.assert_allclose(local[worker][1][key], values, rtol=0, atol=1e-6)
+        for got, want in zip(local[worker][2], averaged[0][2], strict=True):
+            np.testing.assert_allclose(got, want, rtol=0, atol=TOLERANCE)
+
+
+def test_unknown_step_logs_is_an_error():
+    import mirrorkit as mk
+
+    with pytest.raises(ValueError, match="step_logs must be 'averaged' or 'local'; got 'none'"):
+        mk.build(lambda: None, step_logs="none")

@@ -53,6 +53,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="gradient packing: all-reduce in buckets of this many MB (mk.strategy(bucket_mb=))",
     )  # fmt: skip
     parser.add_argument(
+        "--step-logs", choices=("averaged", "local"), default="averaged",
+        help="per-step logs averaged over every worker (a collective each step) or this "
+        "worker's own (mk.build(step_logs=...))",
+    )  # fmt: skip
+    parser.add_argument(
         "--allreduce", action="store_true",
         help="also measure all-reduce latency and bus bandwidth, 4 KB to 64 MB, between workers",
     )  # fmt: skip
@@ -109,6 +114,7 @@ def run(args: argparse.Namespace) -> int:
         args.model, replicas, workers, batch, args.steps, args.repeats,
         pin=args.pin, cores_per_worker=args.cores_per_worker,
         compression=args.compression, bucket_mb=args.bucket_mb, rounds=args.rounds,
+        step_logs=args.step_logs,
         progress=progress,
     )  # fmt: skip
     print(format_table(results["results"]))

@@ -66,7 +66,7 @@ def _has_gpus() -> bool:
     return bool(tf.config.list_physical_devices("GPU"))
 
 
-def _model_and_data(name, strategy, per_replica_batch, raw, compression=None):
+def _model_and_data(name, strategy, per_replica_batch, raw, compression=None, step_logs="averaged"):
     import tensorflow as tf
 
     import mirrorkit as mk
@@ -85,7 +85,12 @@ def _model_and_data(name, strategy, per_replica_batch, raw, compression=None):
             lambda context: examples().batch(per_replica_batch, drop_remainder=True).prefetch(2)
         )
         return model, data
-    model = mk.build(lambda: models.compiled(spec), strategy, gradient_compression=compression)
+    model = mk.build(
+        lambda: models.compiled(spec),
+        strategy,
+        gradient_compression=compression,
+        step_logs=step_logs,
+    )
     data = mk.distribute(examples, strategy, per_replica_batch_size=per_replica_batch)
     return model, data
 
@@ -99,6 +104,7 @@ def train_rate(
     raw: bool = False,
     compression: str | None = None,
     bucket_mb: float | None = None,
+    step_logs: str = "averaged",
 ) -> dict[str, Any]:
     """Trains `repeats` timed epochs of `steps` steps after one warm-up epoch.
 
@@ -107,7 +113,9 @@ def train_rate(
         rates, and the replica and worker counts.
     """
     strategy = _strategy(replicas, raw, bucket_mb)
-    model, data = _model_and_data(model_name, strategy, per_replica_batch, raw, compression)
+    model, data = _model_and_data(
+        model_name, strategy, per_replica_batch, raw, compression, step_logs
+    )
     clock = EpochClock()
     model.fit(data, epochs=repeats + 1, steps_per_epoch=steps, verbose=0, callbacks=[clock])
     global_batch = per_replica_batch * strategy.num_replicas_in_sync

@@ -75,6 +75,7 @@ def scaling(
     compression: str | None = None,
     bucket_mb: float | None = None,
     rounds: int = 1,
+    step_logs: str = "averaged",
     progress: Callable[[str], None] = print,
 ) -> list[dict[str, Any]]:
     """Throughput for each replica count (one worker) and each worker count (one replica each).
@@ -107,7 +108,17 @@ def scaling(
             )
             chief = run_config(
                 measure.train_rate,
-                (model, r, per_replica_batch, steps, repeats, False, compression, bucket_mb),
+                (
+                    model,
+                    r,
+                    per_replica_batch,
+                    steps,
+                    repeats,
+                    False,
+                    compression,
+                    bucket_mb,
+                    step_logs,
+                ),  # fmt: skip
                 workers=w,
                 cores=cores,
             )[0]
@@ -118,6 +129,8 @@ def scaling(
                 f"    {chief['examples_per_sec']:,.1f} examples/s ({per_replica:,.1f} per replica)"
             )
     rows = [_row(model, w, runs[(r, w)], compression, bucket_mb) for r, w in configs]
+    for row in rows:
+        row["step_logs"] = step_logs
     _add_efficiency(rows)
     return rows
 

@@ -9,6 +9,12 @@ replicas' values (``tf.reduce_mean(local_results, axis=0)``); the replacement
 does the same across workers with ``strategy.reduce("MEAN", v, axis=None)``
 and leaves every other reduction (``concat`` for ``predict``, ``sum``,
 ``first``) to Keras. Verified on Keras 3.10-3.15.1.
+
+With ``mk.build(..., step_logs="local")`` the strategy carries
+`LOCAL_STEP_LOGS` and per-step logs are averaged over this worker's replicas
+only: no collective per step. Epoch logs do not come from here: Keras reads
+them from the metrics' variables at epoch end, which sums them over every
+replica.
 """
 
 from __future__ import annotations
@@ -19,10 +25,20 @@ from keras.src.backend.tensorflow import trainer
 
 from mirrorkit.compat._repair import Repair
 
+#: Strategy attribute: average per-step logs over this worker's replicas only.
+LOCAL_STEP_LOGS = "_mirrorkit_local_step_logs"
+
+
+def _local_mean(value, strategy):
+    local = strategy.experimental_local_results(value)
+    return local[0] if len(local) == 1 else tf.reduce_mean(tf.stack(local), axis=0)
+
 
 def _replacement(original):
     def reduce_per_replica(values, strategy, reduction):
         if reduction in ("auto", "mean") and trainer._collective_all_reduce_multi_worker(strategy):
+            if getattr(strategy, LOCAL_STEP_LOGS, False):
+                return keras.tree.map_structure(lambda v: _local_mean(v, strategy), values)
             return keras.tree.map_structure(lambda v: strategy.reduce("MEAN", v, axis=None), values)
         return original(values, strategy, reduction)
 

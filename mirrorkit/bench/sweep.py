@@ -106,36 +106,20 @@ def scaling(
                 f"[{number}/{len(configs)}] {model}: {r} replica(s) x {w} worker(s){where}"
                 f"{of_rounds} ..."
             )
-            chief = run_config(
-                measure.train_rate,
-                (
-                    model,
-                    r,
-                    per_replica_batch,
-                    steps,
-                    repeats,
-                    False,
-                    compression,
-                    bucket_mb,
-                    step_logs,
-                ),  # fmt: skip
-                workers=w,
-                cores=cores,
-            )[0]
+            args = (model, r, per_replica_batch, steps, repeats, False, compression, bucket_mb)
+            chief = run_config(measure.train_rate, (*args, step_logs), workers=w, cores=cores)[0]
             chief["cores"] = cores
             runs[(r, w)].append(chief)
             per_replica = chief["examples_per_sec"] / chief["replicas"]
             progress(
                 f"    {chief['examples_per_sec']:,.1f} examples/s ({per_replica:,.1f} per replica)"
             )
-    rows = [_row(model, w, runs[(r, w)], compression, bucket_mb) for r, w in configs]
-    for row in rows:
-        row["step_logs"] = step_logs
+    rows = [_row(model, w, runs[(r, w)], compression, bucket_mb, step_logs) for r, w in configs]
     _add_efficiency(rows)
     return rows
 
 
-def _row(model, workers, runs, compression, bucket_mb) -> dict[str, Any]:
+def _row(model, workers, runs, compression, bucket_mb, step_logs) -> dict[str, Any]:
     """One configuration's row: medians over its rounds."""
     total_replicas = runs[0]["replicas"]
     per_round = [run["examples_per_sec"] for run in runs]
@@ -153,6 +137,7 @@ def _row(model, workers, runs, compression, bucket_mb) -> dict[str, Any]:
         "pinned": runs[0]["cores"] is not None,
         "compression": compression,
         "bucket_mb": bucket_mb,
+        "step_logs": step_logs,
     }
 
 

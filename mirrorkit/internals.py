@@ -1,0 +1,91 @@
+"""Guards for the private TensorFlow and Keras internals mirrorkit touches.
+
+mirrorkit reaches into a few private names (Keras's trainer, a strategy's
+communication options, tf.data's dataset classes, ...). Each use goes
+through `require` or `check`, so that a TensorFlow or Keras release that
+renamed or reshaped one gives a clear error or an explicit warning naming the
+internal and the tested versions, never an ``AttributeError`` deep in a
+traceback and never a silent no-op. ``docs/compat.md`` lists every internal.
+"""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any
+
+from mirrorkit import versions
+
+
+class InternalChangedError(RuntimeError):
+    """A private TensorFlow/Keras internal that mirrorkit needs is missing or changed."""
+
+
+class InternalChangedWarning(UserWarning):
+    """A private internal is missing; mirrorkit carries on without the feature that used it."""
+
+
+def _message(name: str, used_for: str, problem: str) -> str:
+    found = versions.installed()
+    return (
+        f"mirrorkit uses the private internal {name} ({used_for}), but {problem} in "
+        f"TensorFlow {found.tensorflow} / Keras {found.keras}. mirrorkit is tested on "
+        f"{versions.tested_range()}; install a tested pair (see docs/compat.md) or report "
+        "this with `mirrorkit info` output."
+    )
+
+
+def changed(name: str, used_for: str, problem: str = "it is missing") -> InternalChangedError:
+    """The error to raise when an internal is missing or has changed shape.
+
+    Args:
+        name: the internal, e.g. ``"MirroredStrategy.extended._communication_options"``.
+        used_for: what mirrorkit needs it for, e.g. ``"bucket_mb and timeout_s"``.
+        problem: what was found wrong, e.g. ``"it has no merge()"``.
+
+    Returns:
+        An `InternalChangedError` to raise.
+    """
+    return InternalChangedError(_message(name, used_for, problem))
+
+
+def require(owner: Any, attr: str, *, name: str, used_for: str) -> Any:
+    """Returns ``getattr(owner, attr)``, or raises `InternalChangedError` naming it.
+
+    Args:
+        owner: the object, class or module that should hold the internal.
+        attr: the attribute's name.
+        name: how the error names it, e.g. ``"keras TensorFlowTrainer._make_function"``.
+        used_for: what mirrorkit needs it for.
+
+    Returns:
+        The attribute's value.
+
+    Raises:
+        InternalChangedError: `owner` has no `attr`.
+
+    Example:
+    ```python
+    import tensorflow as tf
+    from mirrorkit import internals
+
+    options = internals.require(
+        tf.distribute.MirroredStrategy().extended, "_communication_options",
+        name="MirroredStrategy.extended._communication_options",
+        used_for="bucket_mb and timeout_s",
+    )
+    ```
+    """
+    if not hasattr(owner, attr):
+        raise changed(name, used_for)
+    return getattr(owner, attr)
+
+
+def warn(name: str, used_for: str, problem: str = "it is missing") -> None:
+    """Warns (an `InternalChangedWarning`) that a feature is off because an internal changed.
+
+    Args:
+        name: the internal.
+        used_for: the feature that is now off, said in the warning.
+        problem: what was found wrong.
+    """
+    warnings.warn(_message(name, used_for, problem), InternalChangedWarning, stacklevel=3)

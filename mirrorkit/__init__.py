@@ -22,7 +22,7 @@ __version__ = "0.1.0"
 
 _PUBLIC = {
     "strategy": "mirrorkit.factory",
-    "build": "mirrorkit.factory",
+    "build": "mirrorkit.building",
     "describe": "mirrorkit.topology",
     "Topology": "mirrorkit.topology",
     "is_chief": "mirrorkit.chief",
@@ -32,6 +32,8 @@ _PUBLIC = {
     "distribute": "mirrorkit.pipeline.distributed",
     "ThroughputCallback": "mirrorkit.throughput.callback",
     "ThroughputReport": "mirrorkit.throughput.report",
+    "scale_learning_rate": "mirrorkit.scale.lr",
+    "WarmUp": "mirrorkit.scale.lr",
 }
 
 _MODULES = {"compat"}

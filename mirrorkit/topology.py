@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import dataclasses
 import html
-import re
 
 import tensorflow as tf
 
-from mirrorkit import allreduce, cluster
+from mirrorkit import allreduce, cluster, registry
+from mirrorkit.devices import compact_devices, short_device
 
 
 @dataclasses.dataclass(frozen=True)
@@ -90,24 +90,6 @@ class Topology:
         return dataclasses.asdict(self) | {"local_devices": list(self.local_devices)}
 
 
-def short_device(name: str) -> str:
-    """``/job:localhost/replica:0/task:0/device:CPU:1`` -> ``CPU:1``."""
-    match = re.search(r"(?:device:)?([A-Za-z_]+):(\d+)$", name)
-    return f"{match.group(1).upper()}:{match.group(2)}" if match else name
-
-
-def compact_devices(devices: tuple[str, ...] | list[str]) -> str:
-    """``("CPU:0", "CPU:1", "CPU:2")`` -> ``CPU:0-2``; mixed lists stay listed."""
-    names = [short_device(d) for d in devices]
-    kinds = {n.split(":")[0] for n in names}
-    if len(names) > 1 and len(kinds) == 1:
-        kind = kinds.pop()
-        ids = [int(n.split(":")[1]) for n in names]
-        if ids == list(range(ids[0], ids[0] + len(ids))):
-            return f"{kind}:{ids[0]}-{ids[-1]}"
-    return ", ".join(names)
-
-
 def describe(strategy: tf.distribute.Strategy | None = None) -> Topology:
     """Describes a strategy's topology.
 
@@ -127,9 +109,7 @@ def describe(strategy: tf.distribute.Strategy | None = None) -> Topology:
     ```
     """
     if strategy is None:
-        from mirrorkit.factory import current_strategy
-
-        strategy = current_strategy()
+        strategy = registry.current_strategy()
     kind = _PUBLIC_NAMES.get(type(strategy).__name__, type(strategy).__name__)
     resolver = getattr(strategy, "cluster_resolver", None)
     num_workers, worker_index, is_chief = 1, 0, True

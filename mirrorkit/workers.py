@@ -10,9 +10,14 @@ import tensorflow as tf
 from mirrorkit import cluster
 
 
+def is_multi_worker(strategy: object) -> bool:
+    """Whether `strategy` is a `tf.distribute.MultiWorkerMirroredStrategy` (of any size)."""
+    return isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy)
+
+
 def num_workers(strategy: tf.distribute.Strategy) -> int:
     """How many workers `strategy` spans (1 for anything but a multi-worker strategy)."""
-    if isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy):
+    if is_multi_worker(strategy):
         return cluster.from_environment().num_workers
     return 1
 

@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
-from mirrorkit import chief
+from mirrorkit import chief, registry
 from mirrorkit import workers as workers_lib
 from mirrorkit.pipeline import batch_sizes, batched, sources, tfds_source
 
@@ -142,9 +142,7 @@ def distribute(
         "ignore", message="`shuffle=True` was passed, but will be ignored", category=UserWarning
     )
     if strategy is None:
-        from mirrorkit.factory import current_strategy
-
-        strategy = current_strategy()
+        strategy = registry.current_strategy()
     sizes = batch_sizes.resolve(
         strategy.num_replicas_in_sync, per_replica_batch_size, global_batch_size
     )

@@ -1,0 +1,135 @@
+"""One builder per strategy kind, and the TensorFlow internals they set.
+
+Each builder takes the checked arguments of `mk.strategy()` and returns
+TensorFlow's own strategy object. The two private internals touched here
+(a MirroredStrategy's communication options and its collective key base) are
+set in this module only.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable
+
+import tensorflow as tf
+from tensorflow.python.distribute import distribute_lib
+
+from mirrorkit import allreduce, chief, cluster
+from mirrorkit import devices as devices_lib
+
+
+def mirrored(*, devices, num_gpus, cpu_replicas, all_reduce, bucket_mb, timeout_s):
+    """`tf.distribute.MirroredStrategy` over explicit devices, N logical CPUs or the GPUs."""
+    if devices is None:
+        if cpu_replicas is not None:
+            devices = tuple(devices_lib.logical("CPU")[:cpu_replicas])
+        else:
+            devices = tuple(devices_lib.gpus_for(num_gpus)) or ("CPU:0",)
+    else:
+        devices_lib.check_exist(devices)
+    on_gpus = all(d.startswith("GPU") for d in devices)
+    plan = allreduce.plan_mirrored(
+        all_reduce, on_gpus=on_gpus, bucket_mb=bucket_mb, timeout_s=timeout_s
+    )
+    made = _with_own_collective_keys(
+        lambda: tf.distribute.MirroredStrategy(
+            devices=[f"/{d}" for d in devices], cross_device_ops=plan.cross_device_ops
+        )
+    )
+    if plan.options is not None:
+        # MirroredStrategy takes no CommunicationOptions in its constructor; its
+        # collective all-reduce reads them from this attribute (TF 2.17-2.21).
+        extended = made.extended
+        extended._communication_options = extended._communication_options.merge(plan.options)
+    return made
+
+
+#: Collective group keys reserved for each MirroredStrategy mirrorkit makes.
+_KEYS_PER_STRATEGY = 100_000
+_strategies_made = itertools.count()
+
+
+def _with_own_collective_keys(make: Callable[[], tf.distribute.MirroredStrategy]):
+    """Makes a MirroredStrategy whose collective group keys no earlier one uses.
+
+    Every MirroredStrategy numbers its collective groups from 1, so a second
+    strategy with a different replica count in the same process (a notebook
+    going from 4 replicas to 2) joins group 1 with the wrong size and fails
+    ("is joining a group with size 2, but that group has size 4"). The class
+    attribute ``_collective_key_base`` (TF 2.17-2.21) offsets the keys; it is
+    set for the construction only; plain MirroredStrategy objects keep base 0.
+    """
+    cls = tf.distribute.MirroredStrategy
+    saved = cls.__dict__.get("_collective_key_base", None)
+    cls._collective_key_base = (next(_strategies_made) + 1) * _KEYS_PER_STRATEGY
+    try:
+        return make()
+    finally:
+        if saved is None:
+            del cls._collective_key_base
+        else:
+            cls._collective_key_base = saved
+
+
+def multi_worker(*, devices, num_gpus, cpu_replicas, all_reduce, bucket_mb, timeout_s):
+    """`tf.distribute.MultiWorkerMirroredStrategy` from TF_CONFIG or Slurm."""
+    info = cluster.from_environment()  # validates TF_CONFIG, naming a bad field
+    if num_gpus is not None:
+        physical = tf.config.list_physical_devices("GPU")
+        if num_gpus > len(physical):
+            raise ValueError(
+                f"num_gpus={num_gpus} was asked for, but this worker has {len(physical)} GPU(s)"
+            )
+        tf.config.set_visible_devices(physical[:num_gpus], "GPU")
+    has_gpus = bool(tf.config.list_physical_devices("GPU")) and num_gpus != 0
+    options = allreduce.plan_multi_worker(
+        all_reduce, has_gpus=has_gpus, bucket_mb=bucket_mb, timeout_s=timeout_s
+    )
+    resolver = None
+    if info.source == "slurm":
+        resolver = tf.distribute.cluster_resolver.SlurmClusterResolver()
+    elif info.source == "none":
+        chief.say_once(
+            "single-worker-mwms",
+            "kind='multi_worker' without TF_CONFIG or Slurm: a multi-worker strategy of one worker",
+        )
+    try:
+        return tf.distribute.MultiWorkerMirroredStrategy(
+            cluster_resolver=resolver, communication_options=options
+        )
+    except (RuntimeError, ValueError) as err:
+        if "startup" in str(err) or "initialized" in str(err) or "initialised" in str(err):
+            raise RuntimeError(
+                "A multi-worker strategy must be the first TensorFlow work in a process, and "
+                "this process has already initialised TensorFlow (or made another multi-worker "
+                "strategy with different settings). Make mk.strategy() first thing in the "
+                f"script, or restart the kernel. TensorFlow said: {err}"
+            ) from err
+        raise
+
+
+def one_device(*, devices, num_gpus, cpu_replicas, all_reduce, bucket_mb, timeout_s):
+    """`tf.distribute.OneDeviceStrategy` on the named device, else GPU:0, else CPU:0."""
+    if devices:
+        devices_lib.check_exist(devices)
+        device = devices[0]
+    elif num_gpus == 0 or cpu_replicas is not None:
+        device = "CPU:0"
+    else:
+        gpus = devices_lib.gpus_for(num_gpus)
+        device = gpus[0] if gpus else "CPU:0"
+    return tf.distribute.OneDeviceStrategy(f"/{device}")
+
+
+def default(**_unused):
+    """TensorFlow's default strategy: no distribution."""
+    return distribute_lib._get_default_strategy()
+
+
+#: kind -> builder; `mk.strategy()` resolves ``auto`` before it looks here.
+BUILDERS = {
+    "mirrored": mirrored,
+    "multi_worker": multi_worker,
+    "one_device": one_device,
+    "default": default,
+}

@@ -42,6 +42,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     bench.set_defaults(run=_bench)
     _add_bench_arguments(bench)
+    from mirrorkit.demo import command as demo_command
+
+    demo = sub.add_parser(
+        "demo", help="train an image classifier data-parallel on bundled real data (no network)"
+    )
+    demo_command.add_arguments(demo)
+    demo.set_defaults(run=demo_command.run)
     return parser
 
 

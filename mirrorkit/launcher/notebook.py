@@ -6,7 +6,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from mirrorkit import cluster
-from mirrorkit.launcher import cluster_spec, hosts, processes, script
+from mirrorkit.launcher import cluster_spec, hosts, processes, script, tf_noise
 
 
 def launch(
@@ -17,6 +17,7 @@ def launch(
     timeout_s: float | None = None,
     pin_cpus: bool = True,
     private_network: bool = True,
+    tf_startup_logs: bool = False,
 ) -> Any:
     """Runs ``fn(*args)`` in `num_workers` fresh worker processes of one job.
 
@@ -37,6 +38,10 @@ def launch(
         private_network: run the workers in a private network namespace so
             their unauthenticated TensorFlow servers are unreachable from
             outside; where the platform does not allow it, a warning says so.
+        tf_startup_logs: keep TensorFlow's C++ start-up lines (``Could not find
+            cuda drivers``, ``failed call to cuInit`` on a machine without a
+            GPU, ...) in the streamed output; they are dropped by default (see
+            `mirrorkit.launcher.tf_noise`).
 
     Returns:
         Worker 0's (the chief's) return value.
@@ -70,13 +75,14 @@ def launch(
     addresses = cluster_spec.local_addresses(num_workers)
     job = hosts.Layout(tuple(addresses), 0, num_workers, False)
     script.plan_allocator()
-    results = processes.run_function(
-        fn,
-        args,
-        num_processes=num_workers,
-        env=lambda i: cluster_spec.worker_env(addresses, i),
-        timeout_s=timeout_s,
-        cpus=script.plan_cpus(num_workers, pin_cpus),
-        private_network=script.plan_network(job, private_network),
-    )
+    with tf_noise.keeping(tf_startup_logs):  # the launch reads it, see tf_noise
+        results = processes.run_function(
+            fn,
+            args,
+            num_processes=num_workers,
+            env=lambda i: cluster_spec.worker_env(addresses, i),
+            timeout_s=timeout_s,
+            cpus=script.plan_cpus(num_workers, pin_cpus),
+            private_network=script.plan_network(job, private_network),
+        )
     return results[0]

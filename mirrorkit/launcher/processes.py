@@ -23,7 +23,7 @@ from typing import Any, BinaryIO, TextIO
 
 import cloudpickle
 
-from mirrorkit.launcher import allocator, pinning
+from mirrorkit.launcher import allocator, pinning, tf_noise
 
 #: Output lines of each worker kept for the error message of a failed worker.
 TAIL_LINES = 60
@@ -273,6 +273,7 @@ def _supervise(
     A `prefix` of None passes lines through unlabelled (they already are).
     """
     deadline = None if timeout_s is None else time.monotonic() + timeout_s
+    drop_tf_noise = not tf_noise.keep_startup_lines()
     selector = selectors.DefaultSelector()
     for i, proc in enumerate(procs):
         selector.register(proc.stdout, selectors.EVENT_READ, i)
@@ -295,10 +296,12 @@ def _supervise(
             partial[i] = lines.pop()
             for line in lines:
                 text = line.decode(errors="replace")
-                tails[i].append(text)
-                stream.write(text + "\n" if prefix is None else f"[{prefix}{i}] {text}\n")
                 if logs:
                     logs[i].write(line + b"\n")
+                if drop_tf_noise and tf_noise.is_startup_line(text):
+                    continue  # TensorFlow's known start-up lines (see tf_noise)
+                tails[i].append(text)
+                stream.write(text + "\n" if prefix is None else f"[{prefix}{i}] {text}\n")
             stream.flush()
             for log in logs:
                 log.flush()

@@ -12,7 +12,15 @@ import argparse
 import os
 import sys
 
-from mirrorkit.launcher import allocator, cluster_spec, hosts, netns, pinning, processes
+from mirrorkit.launcher import (
+    allocator,
+    cluster_spec,
+    hosts,
+    netns,
+    pinning,
+    processes,
+    tf_noise,
+)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -75,6 +83,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=hosts.DEFAULT_PORT,
         help=f"first worker port on each host in a multi-host job (default {hosts.DEFAULT_PORT})",
     )
+    parser.add_argument(
+        "--tf-startup-logs",
+        action="store_true",
+        help="keep TensorFlow's C++ start-up lines (cuda drivers, cuInit, absl::InitializeLog) "
+        "in worker output; dropped by default",
+    )
     parser.add_argument("target", metavar="TARGET", help="the training script (or module with -m)")
     parser.add_argument("args", nargs=argparse.REMAINDER, help="arguments passed to TARGET")
 
@@ -123,6 +137,8 @@ def run(args: argparse.Namespace) -> int:
         f"workers {ranks.start}-{ranks.stop - 1} of {len(job.addresses)} on this host; "
         f"cluster {', '.join(job.addresses)}"
     )
+    if args.tf_startup_logs:
+        os.environ[tf_noise.ENV_KEEP] = "1"  # read by the launch, see tf_noise
     try:
         processes.run_commands(
             [command] * job.local_workers,

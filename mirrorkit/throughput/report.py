@@ -163,6 +163,7 @@ class ThroughputReport:
         if path is not None:
             matplotlib.use("Agg", force=False)
         import matplotlib.pyplot as plt
+        from matplotlib.ticker import MaxNLocator
 
         epochs = [e.epoch for e in self.epochs]
         figure, (rate, steps) = plt.subplots(1, 2, figsize=(10, 3.5))
@@ -181,6 +182,8 @@ class ThroughputReport:
             )
         steps.set(xlabel="epoch", ylabel="ms", title="Step time")
         steps.legend()
+        for axes in (rate, steps):  # whole epochs only: no 1.5 between epoch 1 and 2
+            axes.xaxis.set_major_locator(MaxNLocator(integer=True))
         figure.tight_layout()
         if path is not None:
             figure.savefig(path)

@@ -28,6 +28,7 @@ _PUBLIC = {
     "is_chief": "mirrorkit.chief",
     "print": "mirrorkit.chief",
     "compat": "mirrorkit.compat",
+    "callbacks": "mirrorkit.callbacks",
     "launch": "mirrorkit.launcher.notebook",
     "distribute": "mirrorkit.pipeline.distributed",
     "ThroughputCallback": "mirrorkit.throughput.callback",
@@ -36,7 +37,7 @@ _PUBLIC = {
     "WarmUp": "mirrorkit.scale.lr",
 }
 
-_MODULES = {"compat"}
+_MODULES = {"compat", "callbacks"}
 
 __all__ = sorted(_PUBLIC) + ["__version__"]
 

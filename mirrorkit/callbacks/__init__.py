@@ -1,0 +1,19 @@
+"""Keras callbacks that act on every worker of a job together.
+
+- `NaNGuard`: a non-finite loss or gradient on any replica of any worker stops
+  every worker at the same step, naming the step, the worker and the replica.
+- `ReplicaSyncCheck`: every N steps, checks that every replica of every worker
+  holds the same variables, naming the first one that differs.
+
+Example:
+```python
+import mirrorkit as mk
+
+model.fit(data, callbacks=[mk.callbacks.NaNGuard(), mk.callbacks.ReplicaSyncCheck(100)])
+```
+"""
+
+from mirrorkit.callbacks.nan_guard import NaNGuard, NonFiniteError
+from mirrorkit.callbacks.replica_sync_check import ReplicasDivergedError, ReplicaSyncCheck
+
+__all__ = ["NaNGuard", "NonFiniteError", "ReplicaSyncCheck", "ReplicasDivergedError"]

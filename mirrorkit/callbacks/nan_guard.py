@@ -1,0 +1,280 @@
+"""`NaNGuard`: a non-finite loss or gradient on any replica stops every worker at that step.
+
+Keras's ``TerminateOnNaN`` reads the averaged loss in ``on_batch_end``: it
+cannot say which replica or worker went wrong, misses a gradient that is
+non-finite while the loss is finite, and (as any callback that acts in
+``on_train_batch_end``) runs after the callbacks listed before it, so a
+``ModelCheckpoint(save_freq=1)`` listed first has already written the
+non-finite weights.
+
+`NaNGuard` checks inside the training step instead. Each replica computes one
+flag for its own loss and one for its own gradients, before they are
+all-reduced; the flags travel in the same all-reduce as the gradients (a few
+bytes more, no extra collective), so every replica of every worker holds the
+same verdict after the step. Each worker reads it from its own memory right
+after the step, before any callback sees the step, and every worker raises
+the same `NonFiniteError` at the same step: nobody goes on training, nobody
+waits in a collective for a peer that stopped, and no callback saves the
+non-finite state.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+from mirrorkit import cluster, internals, workers
+from mirrorkit.compression import innermost_optimizer
+
+_ALL_REDUCE = "_all_reduce_sum_gradients"
+_USED_FOR = "NaNGuard's per-replica gradient check"
+
+
+class NonFiniteError(FloatingPointError):
+    """A replica's loss or gradients were NaN or infinite; raised on every worker at once.
+
+    Attributes:
+        step: the training step (the optimizer's iteration count before it, from 0).
+        epoch: the epoch, from 1 as Keras prints it.
+        replicas: the global replica ids (in the sync group) that went non-finite.
+        workers: the workers those replicas belong to.
+        what: ``{replica: "loss" | "gradient" | "loss and gradient"}``.
+    """
+
+    def __init__(self, message: str, *, step: int, epoch: int, replicas, workers, what):
+        super().__init__(message)
+        self.step = step
+        self.epoch = epoch
+        self.replicas = list(replicas)
+        self.workers = list(workers)
+        self.what = dict(what)
+
+
+class NaNGuard(keras.callbacks.Callback):
+    """Stops every worker at the step where any replica's loss or gradient is not finite.
+
+    Each replica checks its own loss and gradients inside the step, before the
+    gradient all-reduce, and the verdict rides in that all-reduce, so every
+    worker learns it at the same step. Then every worker raises the same
+    `NonFiniteError`, naming the step, the worker(s) and the replica(s).
+
+    Checkpoints: the check runs right after the step, before any callback's
+    ``on_train_batch_end``, so no callback sees the bad step, wherever the
+    guard sits in the callback list. ``fit`` ends with the error, so
+    ``on_epoch_end`` and ``on_train_end`` do not run either: a
+    ``ModelCheckpoint`` keeps the last file it wrote before the bad step, and a
+    ``BackupAndRestore`` keeps its backup (it deletes it only when training
+    ends well), so the next ``fit`` resumes from the last good state. The
+    model's weights in memory are those after the bad step (already
+    non-finite): restore them from that checkpoint.
+
+    Not for a ``LossScaleOptimizer`` (``mixed_float16``): there non-finite
+    gradients are how dynamic loss scaling finds its scale, and it skips
+    those steps itself.
+
+    Args:
+        check_loss: also check each replica's loss (the gradients are always
+            checked). A loss without gradients (e.g. only non-trainable
+            terms) is caught only by this.
+
+    Example:
+    ```python
+    import keras
+    import mirrorkit as mk
+
+    strategy = mk.strategy(cpu_replicas=2)
+    model = mk.build(make_model, strategy)
+    try:
+        model.fit(
+            mk.distribute(data, global_batch_size=64),
+            callbacks=[
+                keras.callbacks.BackupAndRestore("/tmp/backup"),
+                mk.callbacks.NaNGuard(),
+            ],
+        )
+    except mk.callbacks.NonFiniteError as err:
+        print(err.step, err.workers, err.replicas)
+    ```
+    """
+
+    def __init__(self, check_loss: bool = True):
+        super().__init__()
+        self.check_loss = check_loss
+        self._state: dict[str, Any] | None = None
+        self._epoch = 0
+        self._losses: dict[tuple[int, int], Any] = {}
+
+    # -- Keras hooks -------------------------------------------------------
+
+    def on_train_begin(self, logs=None):
+        """Puts the check into the step (traced again) and the read-out after it."""
+        model = self.model
+        optimizer = innermost_optimizer(model)
+        if optimizer is None:
+            raise ValueError("NaNGuard needs a compiled model; compile it before fit")
+        if optimizer is not getattr(model, "optimizer", None):
+            raise ValueError(
+                "NaNGuard does not work with a LossScaleOptimizer (mixed_float16): its non-finite "
+                "gradients are how dynamic loss scaling works, and it skips those steps itself. "
+                "Use keras.callbacks.TerminateOnNaN there, or train in float32."
+            )
+        internals.require(
+            optimizer, _ALL_REDUCE, name=f"keras TFOptimizer.{_ALL_REDUCE}", used_for=_USED_FOR
+        )
+        self._uninstall()
+        strategy = model.distribute_strategy
+        replicas = strategy.num_replicas_in_sync
+        with strategy.scope():
+            bad = tf.Variable(tf.zeros([2 * replicas]), trainable=False, **_REPLICA_LOCAL)
+            first = tf.Variable(tf.constant(-1, tf.int64), trainable=False, **_REPLICA_LOCAL)
+        self._state = {
+            "strategy": strategy,
+            "replicas": replicas,
+            "workers": workers.num_workers(strategy),
+            "optimizer": optimizer,
+            "had_all_reduce": _ALL_REDUCE in vars(optimizer),
+            "all_reduce": getattr(optimizer, _ALL_REDUCE),
+            "had_compute_loss": "_compute_loss" in vars(model),
+            "bad": bad,
+            "first": first,
+        }
+        setattr(optimizer, _ALL_REDUCE, self._all_reduce_with_verdict)
+        if self.check_loss:
+            compute_loss = internals.require(
+                model, "_compute_loss", name="keras Trainer._compute_loss", used_for=_USED_FOR
+            )
+            self._state["compute_loss"] = compute_loss
+            model._compute_loss = self._compute_loss_recorded
+        model.make_train_function(force=True)  # traced again, now with the check inside
+        step = model.train_function
+
+        def guarded_step(iterator):
+            logs = step(iterator)
+            self._raise_if_non_finite()
+            return logs
+
+        model.train_function = guarded_step
+
+    def on_epoch_begin(self, epoch, logs=None):
+        """Remembers the epoch, for the error."""
+        self._epoch = epoch
+
+    def on_train_end(self, logs=None):
+        """Takes the check out again."""
+        self._uninstall()
+
+    # -- in the step -------------------------------------------------------
+
+    def _compute_loss_recorded(self, *args, **kwargs):
+        loss = self._state["compute_loss"](*args, **kwargs)
+        self._losses[_trace_key()] = loss
+        return loss
+
+    def _all_reduce_with_verdict(self, grads_and_vars):
+        state = self._state
+        pairs = list(grads_and_vars)
+        flags = self._local_flags([g for g, _ in pairs], self._losses.pop(_trace_key(), None))
+        reduced = list(state["all_reduce"]([*pairs, (flags, None)]))
+        verdict = tf.cast(reduced.pop()[0], tf.float32)
+        iteration = tf.cast(tf.convert_to_tensor(state["optimizer"].iterations), tf.int64)
+        first = state["first"]
+        newly = tf.logical_and(tf.reduce_any(verdict > 0), first < 0)
+        state["bad"].assign(tf.maximum(state["bad"], verdict))
+        first.assign(tf.where(newly, iteration, first))
+        return reduced
+
+    def _local_flags(self, grads, loss) -> tf.Tensor:
+        replicas = self._state["replicas"]
+        context = tf.distribute.get_replica_context()
+        replica = context.replica_id_in_sync_group if context is not None else 0
+        mine = tf.one_hot(tf.cast(replica, tf.int32), replicas, dtype=tf.float32)
+        grads_ok = _all_finite([g for g in grads if g is not None])
+        loss_ok = _all_finite([loss]) if loss is not None else tf.constant(True)
+        return tf.concat(
+            [
+                mine * (1.0 - tf.cast(loss_ok, tf.float32)),
+                mine * (1.0 - tf.cast(grads_ok, tf.float32)),
+            ],
+            axis=0,
+        )
+
+    # -- after the step ----------------------------------------------------
+
+    def _raise_if_non_finite(self) -> None:
+        state = self._state
+        bad = np.asarray(state["bad"].numpy())
+        if not bad.any():
+            return
+        step = int(state["first"].numpy())
+        replicas = state["replicas"]
+        per_worker = max(1, replicas // state["workers"])
+        loss_bad, grad_bad = bad[:replicas] > 0, bad[replicas:] > 0
+        what = {}
+        for r in range(replicas):
+            parts = [
+                name for name, flag in (("loss", loss_bad[r]), ("gradient", grad_bad[r])) if flag
+            ]
+            if parts:
+                what[r] = " and ".join(parts)
+        named = [
+            f"worker {r // per_worker} replica {r % per_worker} (global replica {r}: {kind})"
+            for r, kind in what.items()
+        ]
+        me = cluster.from_environment().task_index if state["workers"] > 1 else 0
+        self.model.stop_training = True
+        self._uninstall()
+        raise NonFiniteError(
+            f"NaNGuard: non-finite {' / '.join(sorted(set(what.values())))} at step {step} "
+            f"(optimizer iterations before the step; epoch {self._epoch + 1}) on "
+            f"{', '.join(named)}, of {replicas} replica(s) on {state['workers']} worker(s). "
+            f"Every worker stopped at this step (this is worker {me}). No callback saw the step: "
+            "checkpoints and backups written before it are intact; the weights in memory are "
+            "non-finite, so restore the last checkpoint (BackupAndRestore resumes from it on the "
+            "next fit) and look at that step's input batch and the learning rate.",
+            step=step,
+            epoch=self._epoch + 1,
+            replicas=list(what),
+            workers=sorted({r // per_worker for r in what}),
+            what=what,
+        )
+
+    def _uninstall(self) -> None:
+        state, self._state = self._state, None
+        self._losses.clear()
+        if state is None:
+            return
+        optimizer, model = state["optimizer"], self.model
+        if state["had_all_reduce"]:
+            setattr(optimizer, _ALL_REDUCE, state["all_reduce"])
+        else:
+            vars(optimizer).pop(_ALL_REDUCE, None)
+        if "compute_loss" in state and not state["had_compute_loss"]:
+            vars(model).pop("_compute_loss", None)
+        model.train_function = None  # the traced step holds the check; trace again next fit
+
+
+#: A variable each replica writes on its own, with no collective (all hold the same values).
+_REPLICA_LOCAL = {
+    "synchronization": tf.VariableSynchronization.ON_WRITE,
+    "aggregation": tf.VariableAggregation.NONE,
+}
+
+
+def _trace_key() -> tuple[int, int]:
+    """Tells the replicas' traces apart (MirroredStrategy traces each in its own thread)."""
+    return threading.get_ident(), id(tf.compat.v1.get_default_graph())
+
+
+def _all_finite(tensors) -> tf.Tensor:
+    checks = []
+    for tensor in tensors:
+        if isinstance(tensor, tf.IndexedSlices):
+            tensor = tensor.values
+        tensor = tf.convert_to_tensor(tensor)
+        if tensor.dtype.is_floating:
+            checks.append(tf.reduce_all(tf.math.is_finite(tensor)))
+    return tf.reduce_all(tf.stack(checks)) if checks else tf.constant(True)

@@ -35,9 +35,10 @@ _PUBLIC = {
     "ThroughputReport": "mirrorkit.throughput.report",
     "scale_learning_rate": "mirrorkit.scale.lr",
     "WarmUp": "mirrorkit.scale.lr",
+    "flags": "mirrorkit.flags",
 }
 
-_MODULES = {"compat", "callbacks"}
+_MODULES = {"compat", "callbacks", "flags"}
 
 __all__ = sorted(_PUBLIC) + ["__version__"]
 

@@ -74,6 +74,13 @@ def _with_own_collective_keys(make: Callable[[], tf.distribute.MirroredStrategy]
 def multi_worker(*, devices, num_gpus, cpu_replicas, all_reduce, bucket_mb, timeout_s):
     """`tf.distribute.MultiWorkerMirroredStrategy` from TF_CONFIG or Slurm."""
     info = cluster.from_environment()  # validates TF_CONFIG, naming a bad field
+    if not info.is_training_worker:
+        raise ValueError(
+            f"kind='multi_worker' was asked for, but TF_CONFIG names this task "
+            f"'{info.task_type}', which is not a training worker: it joins none of the training "
+            f"workers' collectives. Use mk.strategy() (kind='auto'), which gives this task a "
+            "strategy of its own devices, e.g. to evaluate the checkpoints the workers write."
+        )
     if num_gpus is not None:
         physical = tf.config.list_physical_devices("GPU")
         if num_gpus > len(physical):

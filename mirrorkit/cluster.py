@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 #: Job types a TF_CONFIG may name, and those that count as training workers.
 KNOWN_JOBS = ("chief", "worker", "evaluator", "ps")
@@ -21,12 +21,21 @@ TRAINING_JOBS = ("chief", "worker")
 class ClusterInfo:
     """Where this process sits in a cluster, as the environment describes it.
 
+    This is the one place mirrorkit computes "which worker am I":
+    `worker_index` numbers the training tasks the way TensorFlow does (the
+    ``chief`` task first, then ``worker`` 0, 1, ...), and `mk.describe`,
+    `mk.is_chief`, `mirrorkit.workers` and the callbacks all read it.
+
     Attributes:
         source: ``"TF_CONFIG"``, ``"slurm"`` or ``"none"``.
         num_workers: training tasks in the job (chief plus workers); 1 alone.
-        task_type: this task's job type (``"worker"``, ``"chief"``...).
+            An ``evaluator`` or ``ps`` task is not counted.
+        task_type: this task's job type (``"worker"``, ``"chief"``, ``"evaluator"``...).
         task_index: this task's index within its job type.
         is_chief: whether this task owns the job's side effects.
+        worker_index: this task's rank among the training tasks, chief first
+            (0-based), the rank TensorFlow's collectives use; None for a task
+            that does not train (``evaluator``, ``ps``).
         addresses: ``host:port`` of the training tasks, chief first.
     """
 
@@ -35,21 +44,55 @@ class ClusterInfo:
     task_type: str
     task_index: int
     is_chief: bool
+    worker_index: int | None
     addresses: tuple[str, ...] = ()
 
     @property
     def is_multi_worker(self) -> bool:
-        """Whether more than one training task takes part."""
-        return self.num_workers > 1
+        """Whether this task is one of several training tasks."""
+        return self.num_workers > 1 and self.is_training_worker
 
     @property
-    def worker_index(self) -> int:
-        """This task's rank among training tasks, chief first (0-based)."""
-        if self.source != "TF_CONFIG" or self.task_type == "chief":
-            return self.task_index
-        return self.task_index + (1 if self._has_chief else 0)
+    def is_training_worker(self) -> bool:
+        """Whether this task trains (a ``chief`` or ``worker``), unlike an ``evaluator``."""
+        return self.worker_index is not None
 
-    _has_chief: bool = False
+
+def from_cluster_spec(
+    spec: Mapping[str, Sequence[str]], task_type: str, task_index: int, source: str = "TF_CONFIG"
+) -> ClusterInfo:
+    """The `ClusterInfo` of task (`task_type`, `task_index`) in an already valid cluster spec.
+
+    Args:
+        spec: job name -> list of ``host:port`` (as in TF_CONFIG's ``cluster``,
+            or a cluster resolver's ``cluster_spec().as_dict()``).
+        task_type: this task's job type.
+        task_index: this task's index within its job type.
+        source: where the spec came from (``"TF_CONFIG"`` or ``"slurm"``).
+
+    Returns:
+        The `ClusterInfo`, ranks chief first.
+
+    Example:
+    ```python
+    from mirrorkit import cluster
+
+    spec = {"chief": ["127.0.0.1:2222"], "worker": ["127.0.0.1:2223"]}
+    assert cluster.from_cluster_spec(spec, "worker", 0).worker_index == 1
+    ```
+    """
+    training = [(job, i) for job in TRAINING_JOBS for i in range(len(spec.get(job, [])))]
+    me = (task_type, task_index)
+    rank = training.index(me) if me in training else None
+    return ClusterInfo(
+        source=source,
+        num_workers=max(1, len(training)),
+        task_type=task_type,
+        task_index=task_index,
+        is_chief=rank == 0,
+        worker_index=rank,
+        addresses=tuple(spec[job][i] for job, i in training),
+    )
 
 
 def parse_tf_config(text: str) -> ClusterInfo:
@@ -65,10 +108,13 @@ def parse_tf_config(text: str) -> ClusterInfo:
         ValueError: naming the field that is missing or malformed.
 
     Example:
-    >>> info = parse_tf_config('{"cluster": {"worker": ["127.0.0.1:2222", '
-    ...     '"127.0.0.1:2223"]}, "task": {"type": "worker", "index": 1}}')
-    >>> info.num_workers, info.task_index, info.is_chief
-    (2, 1, False)
+    ```python
+    from mirrorkit.cluster import parse_tf_config
+
+    info = parse_tf_config('{"cluster": {"worker": ["127.0.0.1:2222", "127.0.0.1:2223"]}, '
+                           '"task": {"type": "worker", "index": 1}}')
+    assert (info.num_workers, info.worker_index, info.is_chief) == (2, 1, False)
+    ```
     """
     try:
         config = json.loads(text)
@@ -126,17 +172,7 @@ def parse_tf_config(text: str) -> ClusterInfo:
             f"TF_CONFIG field 'task.index' is {index}, but 'cluster.{task_type}' has "
             f"{len(spec[task_type])} address(es): valid indices are 0..{len(spec[task_type]) - 1}"
         )
-    has_chief = "chief" in spec
-    chief = task_type == "chief" or (not has_chief and task_type == "worker" and index == 0)
-    return ClusterInfo(
-        source="TF_CONFIG",
-        num_workers=max(1, len(training)),
-        task_type=task_type,
-        task_index=index,
-        is_chief=chief,
-        addresses=tuple(training),
-        _has_chief=has_chief,
-    )
+    return from_cluster_spec(spec, task_type, index)
 
 
 def _check_address(address: object, field: str) -> None:
@@ -173,8 +209,11 @@ def from_environment(env: Mapping[str, str] | None = None) -> ClusterInfo:
         A `ClusterInfo`; a single process reports one worker, index 0, chief.
 
     Example:
-    >>> from_environment({}).num_workers
-    1
+    ```python
+    from mirrorkit.cluster import from_environment
+
+    assert from_environment({}).num_workers == 1
+    ```
     """
     env = os.environ if env is None else env
     text = env.get("TF_CONFIG", "").strip()
@@ -189,7 +228,12 @@ def from_environment(env: Mapping[str, str] | None = None) -> ClusterInfo:
             task_type="worker",
             task_index=procid,
             is_chief=procid == 0,
+            worker_index=procid,
         )
-    return ClusterInfo(
-        source="none", num_workers=1, task_type="worker", task_index=0, is_chief=True
-    )
+    return ALONE
+
+
+#: A process outside any cluster: one worker, rank 0, the chief.
+ALONE = ClusterInfo(
+    source="none", num_workers=1, task_type="worker", task_index=0, is_chief=True, worker_index=0
+)

@@ -12,7 +12,7 @@ import html
 
 import tensorflow as tf
 
-from mirrorkit import allreduce, cluster, registry
+from mirrorkit import allreduce, cluster, registry, workers
 from mirrorkit.devices import compact_devices, short_device
 
 
@@ -22,13 +22,17 @@ class Topology:
 
     Attributes:
         kind: the strategy's class name, e.g. ``MirroredStrategy``.
-        num_workers: processes taking part in training.
-        worker_index: this process's rank among them (0 is the chief unless a
-            ``chief`` task is named).
+        num_workers: training processes the strategy spans (an ``evaluator``
+            task is never counted).
+        worker_index: this process's rank among them, numbered as TensorFlow
+            does (the ``chief`` task first, then ``worker`` 0, 1, ...); None in
+            a task that does not train (an ``evaluator``).
         is_chief: whether this process owns printing, files and TensorBoard.
         num_replicas: replicas in sync across all workers.
         local_devices: this worker's replica devices, e.g. ``("CPU:0", "CPU:1")``.
         all_reduce: the all-reduce that averages gradients.
+        task_type: this process's task in TF_CONFIG (``chief``, ``worker``,
+            ``evaluator``...); ``worker`` outside a cluster.
 
     Example:
     ```python
@@ -41,11 +45,12 @@ class Topology:
 
     kind: str
     num_workers: int
-    worker_index: int
+    worker_index: int | None
     is_chief: bool
     num_replicas: int
     local_devices: tuple[str, ...]
     all_reduce: str
+    task_type: str = "worker"
 
     @property
     def replicas_per_worker(self) -> int:
@@ -66,11 +71,16 @@ class Topology:
         return [
             ("strategy", self.kind),
             ("workers", str(self.num_workers)),
-            ("this worker", f"{self.worker_index}{' (chief)' if self.is_chief else ''}"),
+            ("this worker", self._this_worker()),
             ("replicas in sync", str(self.num_replicas)),
             ("local devices", ", ".join(self.local_devices)),
             ("all-reduce", self.all_reduce),
         ]
+
+    def _this_worker(self) -> str:
+        if self.worker_index is None:
+            return f"none: this is the {self.task_type} task, not a training worker"
+        return f"{self.worker_index}{' (chief)' if self.is_chief else ''}"
 
     def __str__(self) -> str:
         rows = self._rows()
@@ -111,26 +121,17 @@ def describe(strategy: tf.distribute.Strategy | None = None) -> Topology:
     if strategy is None:
         strategy = registry.current_strategy()
     kind = _PUBLIC_NAMES.get(type(strategy).__name__, type(strategy).__name__)
-    resolver = getattr(strategy, "cluster_resolver", None)
-    num_workers, worker_index, is_chief = 1, 0, True
-    if resolver is not None and resolver.cluster_spec().as_dict():
-        spec = resolver.cluster_spec().as_dict()
-        training = [
-            (job, i) for job in cluster.TRAINING_JOBS for i in range(len(spec.get(job, [])))
-        ]
-        num_workers = max(1, len(training))
-        me = (resolver.task_type, resolver.task_id)
-        worker_index = training.index(me) if me in training else 0
-        is_chief = worker_index == 0 and me in training
+    here = workers.position(strategy)
     devices = _local_devices(strategy)
     return Topology(
         kind=kind,
-        num_workers=num_workers,
-        worker_index=worker_index,
-        is_chief=is_chief,
+        num_workers=here.num_workers,
+        worker_index=here.worker_index,
+        is_chief=here.is_chief,
         num_replicas=strategy.num_replicas_in_sync,
         local_devices=devices,
         all_reduce=allreduce.describe_ops(strategy),
+        task_type=here.task_type,
     )
 
 
@@ -167,8 +168,9 @@ def plan_auto(cpu_replicas: int | None = None, num_gpus: int | None = None) -> A
 
     The rule, first match wins:
 
-    1. ``TF_CONFIG`` naming more than one training task, or a Slurm step with
-       more than one task -> ``multi_worker``.
+    1. ``TF_CONFIG`` naming more than one training task (``chief`` and
+       ``worker``), this being one of them, or a Slurm step with more than one
+       task -> ``multi_worker``. An ``evaluator`` task goes on to the local rules.
     2. two or more GPUs visible (or ``num_gpus`` >= 2) -> ``mirrored`` over them.
     3. ``cpu_replicas`` >= 2 -> ``mirrored`` over that many logical CPUs.
     4. otherwise -> ``one_device`` (GPU:0 if there is one, else CPU:0).
@@ -184,6 +186,17 @@ def plan_auto(cpu_replicas: int | None = None, num_gpus: int | None = None) -> A
     if info.is_multi_worker:
         where = "TF_CONFIG" if info.source == "TF_CONFIG" else "the Slurm step"
         return AutoChoice("multi_worker", f"{where} names {info.num_workers} training tasks")
+    local = _plan_local(cpu_replicas, num_gpus)
+    if not info.is_training_worker:
+        return AutoChoice(
+            local.kind,
+            f"TF_CONFIG names this task '{info.task_type}', not a training worker, so it joins "
+            f"no training collective; on its own: {local.reason}",
+        )
+    return local
+
+
+def _plan_local(cpu_replicas: int | None, num_gpus: int | None) -> AutoChoice:
     gpus = len(tf.config.list_physical_devices("GPU"))
     wanted_gpus = gpus if num_gpus is None else num_gpus
     if wanted_gpus >= 2:
@@ -193,5 +206,5 @@ def plan_auto(cpu_replicas: int | None = None, num_gpus: int | None = None) -> A
             "mirrored", f"cpu_replicas={cpu_replicas}: {cpu_replicas} simulated replicas on the CPU"
         )
     if wanted_gpus == 1:
-        return AutoChoice("one_device", "one GPU, no TF_CONFIG or Slurm cluster")
-    return AutoChoice("one_device", "no GPU, no cluster, no cpu_replicas: one CPU device")
+        return AutoChoice("one_device", "one GPU and no multi-worker cluster: one device")
+    return AutoChoice("one_device", "no GPU and no cpu_replicas: one CPU device")

@@ -1,7 +1,13 @@
-"""The workers of a strategy: how many, and one collective to share a figure from each."""
+"""The workers of a strategy: which one this is, how many, and a collective to share figures.
+
+`position` is what every caller asks ("how many workers does this strategy
+span, and which am I?"); it reads the rank `mirrorkit.cluster` computes, the
+way TensorFlow numbers its tasks (``chief`` first).
+"""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 
 import numpy as np
@@ -15,11 +21,48 @@ def is_multi_worker(strategy: object) -> bool:
     return isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy)
 
 
+def position(strategy: tf.distribute.Strategy) -> cluster.ClusterInfo:
+    """Where this process sits among the workers `strategy` spans.
+
+    For a multi-worker strategy, the cluster and task of its own cluster
+    resolver (TF_CONFIG or Slurm); for any other strategy, one worker, with
+    this process's task type and chief-ness from the environment (so an
+    ``evaluator`` task is said to be one, with no worker index).
+
+    Args:
+        strategy: a `tf.distribute.Strategy`.
+
+    Returns:
+        A `mirrorkit.cluster.ClusterInfo`; its ``worker_index`` is the rank.
+
+    Example:
+    ```python
+    import mirrorkit as mk
+    from mirrorkit import workers
+
+    here = workers.position(mk.strategy())
+    print(here.worker_index, "of", here.num_workers)
+    ```
+    """
+    if is_multi_worker(strategy):
+        resolver = strategy.cluster_resolver
+        spec = resolver.cluster_spec().as_dict()
+        if spec:
+            source = cluster.from_environment().source
+            return cluster.from_cluster_spec(spec, resolver.task_type, resolver.task_id, source)
+        return cluster.ALONE
+    here = cluster.from_environment()
+    return dataclasses.replace(
+        here,
+        num_workers=1,
+        worker_index=0 if here.is_training_worker else None,
+        addresses=(),
+    )
+
+
 def num_workers(strategy: tf.distribute.Strategy) -> int:
     """How many workers `strategy` spans (1 for anything but a multi-worker strategy)."""
-    if is_multi_worker(strategy):
-        return cluster.from_environment().num_workers
-    return 1
+    return position(strategy).num_workers
 
 
 def gather(strategy: tf.distribute.Strategy, values: Sequence[float]) -> np.ndarray:
@@ -45,11 +88,11 @@ def gather(strategy: tf.distribute.Strategy, values: Sequence[float]) -> np.ndar
     table = workers.gather(strategy, [0.1])  # one row per worker
     ```
     """
-    count = num_workers(strategy)
+    here = position(strategy)
+    count, rank = here.num_workers, here.worker_index
     mine = np.asarray(values, np.float64)
     if count == 1:
         return mine[None, :]
-    rank = cluster.from_environment().task_index
     first_local = rank * (strategy.num_replicas_in_sync // count)
 
     def row(context: tf.distribute.ValueContext) -> tf.Tensor:

@@ -38,6 +38,41 @@ def test_evaluator_is_not_a_training_worker():
     spec = {"worker": ["127.0.0.1:2222"], "evaluator": ["127.0.0.1:3333"]}
     info = cluster.parse_tf_config(tf_config(spec, {"type": "evaluator", "index": 0}))
     assert info.num_workers == 1
+    assert info.worker_index is None and not info.is_training_worker
+    assert not info.is_chief and not info.is_multi_worker
+
+
+def test_evaluator_beside_two_training_tasks_is_not_multi_worker():
+    spec = {
+        "chief": ["127.0.0.1:1111"],
+        "worker": ["127.0.0.1:2222"],
+        "evaluator": ["127.0.0.1:3333"],
+    }
+    evaluator = cluster.parse_tf_config(tf_config(spec, {"type": "evaluator", "index": 0}))
+    assert evaluator.num_workers == 2 and not evaluator.is_multi_worker
+    worker = cluster.parse_tf_config(tf_config(spec, {"type": "worker", "index": 0}))
+    assert worker.is_multi_worker and worker.worker_index == 1
+    assert worker.addresses == ("127.0.0.1:1111", "127.0.0.1:2222")  # training tasks only
+
+
+@pytest.mark.parametrize(
+    "spec, task, rank",
+    [
+        ({"chief": ["a:1"], "worker": ["b:1", "c:1"]}, ("chief", 0), 0),
+        ({"chief": ["a:1"], "worker": ["b:1", "c:1"]}, ("worker", 0), 1),
+        ({"chief": ["a:1"], "worker": ["b:1", "c:1"]}, ("worker", 1), 2),
+        ({"worker": ["b:1", "c:1"]}, ("worker", 1), 1),
+        ({"worker": ["b:1"], "evaluator": ["e:1"]}, ("evaluator", 0), None),
+    ],
+)
+def test_rank_is_numbered_as_tensorflow_numbers_tasks(spec, task, rank):
+    from tensorflow.python.distribute import multi_worker_util
+
+    info = cluster.from_cluster_spec(spec, *task)
+    assert info.worker_index == rank
+    if rank is not None:  # TensorFlow's own numbering of the collective's members
+        assert multi_worker_util.id_in_cluster(spec, *task) == rank
+        assert info.is_chief == multi_worker_util.is_chief(spec, *task)
 
 
 @pytest.mark.parametrize(

@@ -195,6 +195,10 @@ INVALID = [
     (["--bucket_mb=0"], "--bucket_mb must be a positive number of megabytes"),
     (["--collective_timeout=-5"], "--collective_timeout must be a positive number of seconds"),
     (["--all_reduce_alg=reduce_to_one", "--bucket_mb=25"], "--bucket_mb applies to the collective"),
+    (
+        ["--distribution_strategy=mirrored", "--all_reduce_alg=nccl", "--collective_timeout=9"],
+        "--collective_timeout applies to the collective",
+    ),
     (["--distribution_strategy=multi_worker", "--cpu_replicas=2"], "--cpu_replicas with"),
     (
         ["--distribution_strategy=multi_worker", "--all_reduce_alg=hierarchical_copy"],
@@ -216,6 +220,16 @@ def test_invalid_combinations_fail_at_parse_time_naming_the_flags(argv, message)
     with pytest.raises(flags.IllegalFlagValueError) as err:
         parse(*argv)
     assert message in str(err.value)
+
+
+def test_a_script_default_bucket_gives_way_to_an_all_reduce_without_buckets(capfd):
+    fv = parse("--cpu_replicas=2", "--all_reduce_alg=reduce_to_one", bucket_mb=25)
+    strategy = mk_flags.strategy_from_flags(fv)
+    assert isinstance(strategy.extended._cross_device_ops, tf.distribute.ReductionToOneDevice)
+    assert "this script's default --bucket_mb 25 is not used" in capfd.readouterr().err
+    fv = parse("--cpu_replicas=2", bucket_mb=25)  # the default applies where it can
+    options = mk_flags.strategy_from_flags(fv).extended._communication_options
+    assert options.bytes_per_pack == 25 * 1024 * 1024
 
 
 def test_valid_combinations_parse():

@@ -31,17 +31,46 @@ _MULTI_WORKER = ("multi_worker", "multi_worker_mirrored")
 MIXED_PRECISION = ("off", "mixed_float16", "mixed_bfloat16")
 #: Pairs of flags of which the user may give one; the given one beats the other's default.
 _EXCLUSIVE = (("batch_size", "per_replica_batch_size"), ("cpu_replicas", "num_gpus"))
+_COLLECTIVE_ONLY = ("bucket_mb", "collective_timeout")
 _WHAT = {"batch_size": "batch size", "cpu_replicas": "replica devices"}
 
 
 def given(fv: flags.FlagValues, name: str) -> Any:
-    """The value a flag has, unless another flag the user gave replaces its default."""
+    """The value a flag takes effect with: the user's, else the script's default where it applies.
+
+    A default gives way to another flag the user gave: ``--batch_size`` replaces a
+    default ``per_replica_batch_size``, and a default ``bucket_mb`` or
+    ``collective_timeout`` is not used where the chosen all-reduce has none.
+    """
+    flag = fv[name]
+    if flag.present or flag.value is None:
+        return flag.value
     for pair in _EXCLUSIVE:
-        if name in pair:
-            other = pair[1 - pair.index(name)]
-            if fv[other].present and not fv[name].present:
-                return None
-    return fv[name].value
+        if name in pair and fv[pair[1 - pair.index(name)]].present:
+            return None
+    if name in _COLLECTIVE_ONLY and not collective_runs(fv):
+        return None
+    return flag.value
+
+
+def collective_runs(fv: flags.FlagValues) -> bool:
+    """Whether the flags choose TensorFlow's collective all-reduce (buckets and a timeout)."""
+    kind, alg = fv["distribution_strategy"].value, fv["all_reduce_alg"].value
+    if kind in _SINGLE_REPLICA:
+        return False
+    across_workers = (
+        kind in _MULTI_WORKER
+        or len(fv["worker_hosts"].value or ()) > 1
+        or (kind == "auto" and _env_multi_worker())
+    )
+    return alg in ("auto", "ring") or (alg == "nccl" and across_workers)
+
+
+def _env_multi_worker() -> bool:
+    try:
+        return cluster.from_environment().is_multi_worker
+    except ValueError:
+        return False
 
 
 def combination_problem(fv: flags.FlagValues = flags.FLAGS) -> str | None:
@@ -112,8 +141,12 @@ def _packs(fv: flags.FlagValues) -> str | None:
 
 def _collective(fv: flags.FlagValues) -> str | None:
     alg = fv["all_reduce_alg"].value
-    used = [n for n in ("bucket_mb", "collective_timeout") if fv[n].value is not None]
-    if used and alg not in ("auto", "ring", "nccl"):
+    used = [n for n in _COLLECTIVE_ONLY if given(fv, n) is not None]
+    if (
+        used
+        and fv["distribution_strategy"].value not in _SINGLE_REPLICA
+        and not collective_runs(fv)
+    ):
         return (
             f"--{used[0]} applies to the collective all-reduce (--all_reduce_alg auto, ring, or "
             f"nccl across workers); --all_reduce_alg {alg} has no buckets and no timeout"
@@ -151,7 +184,7 @@ def _one_replica(fv: flags.FlagValues) -> str | None:
             f"--{many[0]} {given(fv, many[0])} with --distribution_strategy {kind} "
             "(one replica); use mirrored"
         )
-    used = [n for n in ("bucket_mb", "collective_timeout") if fv[n].value is not None]
+    used = [n for n in _COLLECTIVE_ONLY if given(fv, n) is not None]
     used += ["all_reduce_alg"] if alg != "auto" else []
     if used:
         return (
@@ -167,7 +200,7 @@ CHECKS = (
     (("batch_size", "per_replica_batch_size", "cpu_replicas", "num_gpus"), _exclusive),
     (("worker_hosts", "task_index", "distribution_strategy"), _hosts),
     (("num_packs", *_STRATEGY, "worker_hosts"), _packs),
-    (("bucket_mb", "collective_timeout", "all_reduce_alg"), _collective),
+    (("bucket_mb", "collective_timeout", *_STRATEGY, "worker_hosts"), _collective),
     ((*_STRATEGY, "cpu_replicas", "num_gpus"), _multi_worker),
     ((*_STRATEGY, "cpu_replicas", "num_gpus", "bucket_mb", "collective_timeout"), _one_replica),
 )

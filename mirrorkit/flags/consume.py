@@ -85,13 +85,21 @@ def strategy_from_flags(
             f"no GPU here: {cpu_replicas} simulated replicas on the CPU "
             "(--cpu_replicas N to change)",
         )
+    for name in ("bucket_mb", "collective_timeout"):
+        if fv[name].value is not None and given(fv, name) is None:
+            chief.say_once(
+                f"flags-unused-{name}",
+                f"this script's default --{name} {fv[name].value:g} is not used: "
+                f"--all_reduce_alg {fv['all_reduce_alg'].value} with --distribution_strategy "
+                f"{kind} has no {'buckets' if name == 'bucket_mb' else 'timeout'}",
+            )
     made = mk.strategy(
         kind,
         num_gpus=num_gpus,
         cpu_replicas=cpu_replicas,
         all_reduce=fv["all_reduce_alg"].value,
-        bucket_mb=fv["bucket_mb"].value,
-        timeout_s=fv["collective_timeout"].value,
+        bucket_mb=given(fv, "bucket_mb"),
+        timeout_s=given(fv, "collective_timeout"),
     )
     if fv["num_packs"].value is not None:
         set_num_packs(made, fv["all_reduce_alg"].value, fv["num_packs"].value)

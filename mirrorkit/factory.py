@@ -14,7 +14,16 @@ from collections.abc import Sequence
 
 import tensorflow as tf
 
-from mirrorkit import allreduce, builders, chief, compat, registry, strategy_args, topology
+from mirrorkit import (
+    allreduce,
+    builders,
+    chief,
+    compat,
+    registry,
+    strategy_args,
+    tf_logging,
+    topology,
+)
 from mirrorkit import devices as devices_lib
 from mirrorkit.registry import current_strategy
 
@@ -91,6 +100,7 @@ def strategy(
     devices = tuple(devices_lib.short_device(d) for d in devices) if devices else None
     resolved = _resolve_auto(devices, num_gpus, cpu_replicas) if name == "auto" else name
     if name == "auto" and resolved in ("one_device", "default"):
+        allreduce.require_gpus(all_reduce, has_gpus=bool(tf.config.list_physical_devices("GPU")))
         strategy_args.warn_unused_all_reduce(all_reduce, bucket_mb, timeout_s)
         all_reduce, bucket_mb, timeout_s = "auto", None, None
     elif resolved in ("one_device", "default"):
@@ -111,6 +121,7 @@ def strategy(
         return made
     if cpu_replicas is not None:
         devices_lib.ensure_cpu_replicas(cpu_replicas)
+    tf_logging.quiet_interactive_info()  # no INFO:tensorflow lines in a notebook's fit
     made = builders.BUILDERS[resolved](
         devices=devices,
         num_gpus=num_gpus,

@@ -65,6 +65,26 @@ def _options(
     )
 
 
+def require_gpus(all_reduce: str, *, has_gpus: bool) -> None:
+    """Raises when `all_reduce` is a GPU-only op and this process has no GPU.
+
+    `mk.strategy()` calls it where ``kind='auto'`` chose one device, which
+    would otherwise drop the all-reduce choice with a warning: asking for a
+    GPU-only op on a machine without GPUs is a mistake, not a preference.
+
+    Args:
+        all_reduce: a name from `ALL_REDUCE_CHOICES`.
+        has_gpus: whether this process sees any GPU.
+    """
+    if all_reduce in ("nccl", "hierarchical_copy") and not has_gpus:
+        raise ValueError(
+            f"all_reduce={all_reduce!r} needs GPUs, and this process sees none (so kind='auto' "
+            "would run on one CPU device). Use all_reduce='auto' (TensorFlow's ring all-reduce on "
+            "CPUs), cpu_replicas=N for several CPU replicas, or check CUDA_VISIBLE_DEVICES and "
+            "`mirrorkit info`."
+        )
+
+
 def plan_mirrored(
     all_reduce: str, *, on_gpus: bool, bucket_mb: float | None, timeout_s: float | None
 ) -> AllReducePlan:

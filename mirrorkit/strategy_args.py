@@ -67,9 +67,12 @@ def check_arguments(
         raise ValueError(f"num_gpus must be >= 0; got {num_gpus}")
     if cpu_replicas is not None and cpu_replicas < 1:
         raise ValueError(f"cpu_replicas must be >= 1; got {cpu_replicas}")
-    for label, value in (("bucket_mb", bucket_mb), ("timeout_s", timeout_s)):
+    for label, unit, value in (
+        ("bucket_mb", "megabytes (the gradient bucket size)", bucket_mb),
+        ("timeout_s", "seconds (the collective timeout)", timeout_s),
+    ):
         if value is not None and (isinstance(value, bool) or not value > 0):
-            raise ValueError(f"{label} must be a positive number of seconds or MB; got {value!r}")
+            raise ValueError(f"{label} must be a positive number of {unit}; got {value!r}")
     if devices is not None and (isinstance(devices, str) or not devices):
         raise ValueError(
             f"devices must be a non-empty list of device names such as ['GPU:0', 'GPU:1']; "

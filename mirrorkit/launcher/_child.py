@@ -29,9 +29,18 @@ def main(payload: str, result: str) -> int:
     try:
         with open(result, "wb") as f:
             cloudpickle.dump(outcome, f)
-    except Exception:  # noqa: BLE001 - an unpicklable return value is a failure too
-        text = traceback.format_exc()
-        sys.stderr.write(text)
+    except Exception as err:  # noqa: BLE001 - an unpicklable return value is a failure too
+        kind = type(outcome[1]).__name__
+        text = (
+            f"The function ran, but its return value (a {kind}) could not be sent back to the "
+            f"launcher: cloudpickle cannot pickle it ({type(err).__name__}: {err}). Return plain "
+            "values instead: numbers, strings, NumPy arrays, lists or dicts of them (e.g. "
+            "model.get_weights() or history.history, not the model, a dataset or a tensor "
+            "holding a device), or save the object to a file and return its path."
+        )
+        if outcome[0] == "error":
+            text = f"{outcome[1]}\n(and the error could not be sent back: {err})"
+        sys.stderr.write(text + "\n")
         with open(result, "wb") as f:
             cloudpickle.dump(("error", text), f)
         code = 1

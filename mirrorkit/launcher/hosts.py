@@ -86,8 +86,30 @@ def multi_host(
         name, _, first = host.rpartition(":") if ":" in host else (host, "", str(port))
         if not first.isdigit():
             raise ValueError(f"host {host!r} in --hosts must be HOST or HOST:PORT")
+        check_ports(int(first), nproc, f"host {name!r}")
         addresses += [f"{name}:{int(first) + j}" for j in range(nproc)]
     return Layout(tuple(addresses), node_rank * nproc, nproc, len(hosts) > 1)
+
+
+#: The largest TCP port number.
+MAX_PORT = 65535
+
+
+def check_ports(first: int, count: int, where: str) -> None:
+    """Raises unless ports ``first`` to ``first + count - 1`` are all valid TCP ports.
+
+    Args:
+        first: the first worker port.
+        count: how many workers listen from it up.
+        where: names the source of `first` in the message, e.g. ``"--port"``.
+    """
+    last = first + count - 1
+    if first < 1 or last > MAX_PORT:
+        raise ValueError(
+            f"{where}: {count} worker(s) would listen on ports {first}-{last}, but TCP ports go "
+            f"from 1 to {MAX_PORT}; pick a first port from 1024 to {MAX_PORT - count + 1} "
+            f"(the default is {DEFAULT_PORT})"
+        )
 
 
 def from_slurm(env: Mapping[str, str], nproc: int, port: int = DEFAULT_PORT) -> Layout | None:

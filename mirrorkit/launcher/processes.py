@@ -283,8 +283,12 @@ def _supervise(
     failed = None
     while open_pipes or any(p.poll() is None for p in procs):
         if deadline is not None and time.monotonic() > deadline:
+            running = [i for i, p in enumerate(procs) if p.poll() is None]
             stop(procs)
-            raise TimeoutError(f"workers did not finish within {timeout_s:g} s; all were stopped")
+            raise TimeoutError(
+                f"workers did not finish within {timeout_s:g} s: {_still_running(running, procs)} "
+                "still running; all were stopped"
+            )
         for key, _ in selector.select(timeout=0.2) if open_pipes else []:
             i = key.data
             chunk = os.read(key.fileobj.fileno(), 65536)
@@ -315,6 +319,14 @@ def _supervise(
                     break
     selector.close()
     return failed, tails
+
+
+def _still_running(running: list[int], procs: Sequence[subprocess.Popen]) -> str:
+    done = [i for i in range(len(procs)) if i not in running]
+    text = f"worker(s) {', '.join(map(str, running))} of {len(procs)} were"
+    if done:
+        text += f" (worker(s) {', '.join(map(str, done))} had finished)"
+    return text
 
 
 def stop(procs: Sequence[subprocess.Popen], grace_s: float = TERMINATE_GRACE_S) -> None:

@@ -80,7 +80,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--port",
         type=int,
-        default=hosts.DEFAULT_PORT,
+        default=None,
         help=f"first worker port on each host in a multi-host job (default {hosts.DEFAULT_PORT})",
     )
     parser.add_argument(
@@ -102,6 +102,8 @@ def layout(args: argparse.Namespace, env: dict[str, str] | None = None) -> hosts
     env = os.environ if env is None else env
     if args.num_workers < 1:
         raise ValueError(f"-n must be at least 1; got {args.num_workers}")
+    port = hosts.DEFAULT_PORT if args.port is None else args.port
+    hosts.check_ports(port, args.num_workers, f"--port {port}")
     if args.hosts or args.nnodes not in (None, 1) or args.node_rank is not None:
         names = [h.strip() for h in (args.hosts or "").split(",") if h.strip()]
         if not names:
@@ -112,10 +114,15 @@ def layout(args: argparse.Namespace, env: dict[str, str] | None = None) -> hosts
             raise ValueError(f"--nnodes {args.nnodes} but --hosts names {len(names)} hosts")
         if args.node_rank is None:
             raise ValueError("--hosts needs --node-rank: this host's index in --hosts")
-        return hosts.multi_host(names, args.node_rank, args.num_workers, args.port)
-    slurm = hosts.from_slurm(env, args.num_workers, args.port)
+        return hosts.multi_host(names, args.node_rank, args.num_workers, port)
+    slurm = hosts.from_slurm(env, args.num_workers, port)
     if slurm is not None:
         return slurm
+    if args.port is not None:
+        _say(
+            f"--port {args.port} is for multi-host jobs (--hosts, or Slurm); workers on one "
+            "host take free loopback ports, so it is not used"
+        )
     addresses = cluster_spec.local_addresses(args.num_workers)
     return hosts.Layout(tuple(addresses), 0, args.num_workers, False)
 
@@ -126,6 +133,14 @@ def run(args: argparse.Namespace) -> int:
         job = layout(args)
     except ValueError as err:
         print(f"mirrorkit launch: {err}", file=sys.stderr)
+        return 2
+    if not args.module and not os.path.isfile(args.target):
+        print(
+            f"mirrorkit launch: script {args.target!r} does not exist (working directory "
+            f"{os.getcwd()}); no worker was started. Give the path of a Python file, or "
+            "-m MODULE for a module.",
+            file=sys.stderr,
+        )
         return 2
     target = ["-m", args.target] if args.module else [args.target]
     command = [sys.executable, *target, *args.args]
@@ -172,9 +187,9 @@ def plan_cpus(num_workers: int, pin: bool) -> list[list[int]] | None:
     if groups is None:
         cpus = pinning.available_cpus()
         why = "CPU affinity is not supported here" if cpus is None else f"only {len(cpus)} CPUs"
-        _say(f"not pinning: {num_workers} workers but {why}")
+        _say_once(f"not pinning: {num_workers} workers but {why}")
         return None
-    _say(
+    _say_once(
         f"pinning each worker to its own CPUs ({pinning.describe(groups)}) with TensorFlow "
         "thread pools of that size; --no-pin turns this off"
     )
@@ -184,7 +199,7 @@ def plan_cpus(num_workers: int, pin: bool) -> list[list[int]] | None:
 def plan_allocator() -> None:
     """Says once what the workers' memory allocator keeps (`allocator`), when it applies."""
     if allocator.malloc_env():
-        _say(allocator.describe())
+        _say_once(allocator.describe())
 
 
 def plan_network(job: hosts.Layout, wanted: bool) -> bool:
@@ -195,18 +210,32 @@ def plan_network(job: hosts.Layout, wanted: bool) -> bool:
         "workers. Run only on a trusted network or behind a firewall."
     )
     if job.multi_host:
-        _say(f"WARNING: multi-host job. {warning}")
+        _say_once(f"WARNING: multi-host job. {warning}")
         return False
     if not wanted:
-        _say(f"WARNING: --shared-network. {warning}")
+        _say_once(f"WARNING: --shared-network. {warning}")
         return False
     reason = netns.check()
     if reason is not None:
-        _say(f"WARNING: could not make a private network namespace ({reason}). {warning}")
+        _say_once(f"WARNING: could not make a private network namespace ({reason}). {warning}")
         return False
-    _say("workers run in a private network namespace: unreachable from outside this job")
+    _say_once("workers run in a private network namespace: unreachable from outside this job")
     return True
 
 
 def _say(message: str) -> None:
     print(f"mirrorkit: {message}", file=sys.stderr, flush=True)
+
+
+_said: set[str] = set()
+
+
+def _say_once(message: str) -> None:
+    """Says a launch notice the first time this process gives it.
+
+    A notebook's second `mk.launch` with the same settings stays quiet; a
+    notice whose text changed (other CPUs, another worker count) is said again.
+    """
+    if message not in _said:
+        _said.add(message)
+        _say(message)

@@ -150,12 +150,14 @@ def distribute(
         shuffle, drop_remainder, shard, for_eval, cache, prefetch, preprocess, shuffle_buffer_size
     )
     workers = workers_lib.num_workers(strategy)
+    announce = options.shuffle and seed is None  # said once the pipeline is made, not before
     if options.shuffle:
         seed = _agreed_seed(strategy, workers) if seed is None else int(seed)
     if tfds_source.is_tfds(data):
         tfds_split = tfds_source.open_split(data, split, data_dir, as_supervised)
         if _reads_own_files(tfds_split, options, workers):
-            return _per_worker_tfds(tfds_split, strategy, sizes, options, seed, workers)
+            made = _per_worker_tfds(tfds_split, strategy, sizes, options, seed, workers)
+            return _say_seed(made, seed, announce)
         if workers > 1:
             chief.say_once(
                 "tfds-every-worker",
@@ -184,7 +186,8 @@ def distribute(
             "function fn(input_context) -> tf.data.Dataset, or a tfds name or builder with "
             "split=. (A keras.utils.PyDataset goes to fit() directly.)"
         )
-    return _global_pipeline(source, strategy, sizes, options, seed, workers)
+    made = _global_pipeline(source, strategy, sizes, options, seed, workers)
+    return _say_seed(made, seed, announce)
 
 
 class _Options:
@@ -234,8 +237,14 @@ def _agreed_seed(strategy: tf.distribute.Strategy, workers: int) -> int:
     seed = int(np.random.default_rng().integers(2**31 - 1))
     if workers > 1:
         seed = int(workers_lib.gather(strategy, [seed])[0, 0])  # float64 holds it exactly
-    chief.say_once("shuffle-seed", f"shuffling with seed {seed}; pass seed={seed} to repeat it")
     return seed
+
+
+def _say_seed(made: Any, seed: int | None, announce: bool) -> Any:
+    """Says the agreed shuffle seed once a pipeline was made from it (never before an error)."""
+    if announce:
+        chief.say_once("shuffle-seed", f"shuffling with seed {seed}; pass seed={seed} to repeat it")
+    return made
 
 
 def _global_pipeline(

@@ -76,10 +76,14 @@ def open_split(
     builder = tfds.builder(data, data_dir=data_dir) if isinstance(data, str) else data
     available = sorted(builder.info.splits.keys())
     if not available:
-        raise FileNotFoundError(
-            f"tfds dataset {builder.name!r} is not prepared in {builder.data_dir!r}; run "
-            "builder.download_and_prepare() once (where the network allows), or pass data_dir="
+        where = (
+            f"data_dir={data_dir!r} (searched as {builder.data_dir!r}); check that path, or run "
+            "builder.download_and_prepare() into it once (where the network allows)"
+            if data_dir is not None and isinstance(data, str)
+            else f"{builder.data_dir!r}; run builder.download_and_prepare() once (where the "
+            "network allows), or pass data_dir= where it is prepared"
         )
+        raise FileNotFoundError(f"tfds dataset {builder.name!r} is not prepared in {where}")
     if split is None:
         raise ValueError(
             f"mk.distribute needs split= for tfds dataset {builder.name!r}; it has "

@@ -262,6 +262,9 @@ class ThroughputCallback(keras.callbacks.Callback):
 def find_straggler(medians: list[float], factor: float) -> int | None:
     """The worker whose median exceeds the median of the others' by more than `factor`.
 
+    The ratio is compared as the summary line shows it, to two decimals, so a
+    worker shown at exactly ``1.20x`` is not flagged by a factor of 1.2.
+
     Example:
     >>> find_straggler([0.10, 0.11, 0.30], 1.2)
     2
@@ -270,7 +273,7 @@ def find_straggler(medians: list[float], factor: float) -> int | None:
     """
     slowest = int(np.argmax(medians))
     others = [m for i, m in enumerate(medians) if i != slowest]
-    if others and medians[slowest] > factor * float(np.median(others)):
+    if others and round(medians[slowest] / float(np.median(others)), 2) > factor:
         return slowest
     return None
 
@@ -300,8 +303,25 @@ def _read_baseline(baseline: float | str | None) -> float | None:
         if baseline is not None and baseline <= 0:
             raise ValueError(f"baseline must be a positive examples/s figure; got {baseline!r}")
         return None if baseline is None else float(baseline)
-    with open(baseline) as f:
-        data: Any = json.load(f)
+    if not isinstance(baseline, (str, os.PathLike)):
+        raise TypeError(
+            f"ThroughputCallback(baseline=...) takes single-replica examples/s as a number or the "
+            f"path of a `mirrorkit bench` JSON file; got {type(baseline).__name__}"
+        )
+    try:
+        with open(baseline) as f:
+            data: Any = json.load(f)
+    except FileNotFoundError:
+        raise FileNotFoundError(
+            f"ThroughputCallback(baseline={str(baseline)!r}): no such file (working directory "
+            f"{os.getcwd()}). Pass the JSON file `mirrorkit bench` wrote, or the single-replica "
+            "examples/s as a number (baseline=1234.5)."
+        ) from None
+    except ValueError as err:
+        raise ValueError(
+            f"ThroughputCallback(baseline={str(baseline)!r}) is not a JSON file ({err}); pass "
+            "the JSON file `mirrorkit bench` wrote, or the examples/s as a number"
+        ) from None
     for row in data.get("results", []):
         if row.get("replicas") == 1 and row.get("workers", 1) == 1:
             return float(row["examples_per_sec_per_replica"])

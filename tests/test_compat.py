@@ -31,6 +31,7 @@ def test_enable_is_idempotent_and_disable_restores():
         "symbolic_build",
         "multi_worker_reduce",
         "step_function",
+        "gradient_accumulation",
         "chief_backup_save",
         "chief_backup_cleanup",
         "chief_checkpoint_save",
@@ -50,7 +51,7 @@ def test_strategy_applies_what_it_needs():
     mk.strategy("one_device")
     assert compat.active() == []
     mk.strategy(cpu_replicas=2)
-    assert compat.active() == ["symbolic_build", "step_function"]
+    assert compat.active() == ["symbolic_build", "step_function", "gradient_accumulation"]
     compat.enable()
 
 

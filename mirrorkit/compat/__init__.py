@@ -21,13 +21,20 @@ import keras
 import tensorflow as tf
 
 from mirrorkit import chief
-from mirrorkit.compat import chief_files, multi_worker_reduce, step_function, symbolic_build
+from mirrorkit.compat import (
+    chief_files,
+    gradient_accumulation,
+    multi_worker_reduce,
+    step_function,
+    symbolic_build,
+)
 from mirrorkit.compat._repair import VERIFIED_KERAS, Repair, keras_version
 
 REPAIRS: tuple[Repair, ...] = (
     symbolic_build.REPAIR,
     multi_worker_reduce.REPAIR,
     step_function.REPAIR,
+    gradient_accumulation.REPAIR,
     *chief_files.REPAIRS,
 )
 

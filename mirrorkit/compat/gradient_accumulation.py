@@ -1,0 +1,124 @@
+"""Repair: optimizer ``gradient_accumulation_steps`` under several replicas.
+
+Upstream: UPSTREAM.md's ``gradient_accumulation_steps`` row; listed in
+``docs/compat.md``. Keras 3 optimizers accumulate gradients for K steps when
+built with ``gradient_accumulation_steps=K``, but
+``BaseOptimizer._backend_apply_gradients`` picks between "apply" and
+"accumulate" with a ``cond`` in the replica context, and both branches
+synchronise the replicas (the all-reduce and ``extended.update`` go through
+``merge_call``). Under `tf.distribute.MirroredStrategy` with two or more
+replicas ``fit`` fails with "`merge_call` called while defining a new graph"
+(Keras 3.15.1, TensorFlow 2.21).
+
+The replacement keeps Keras's mechanism (its accumulator variables, its
+``iterations`` counting and its update step) and moves the ``cond`` to where
+it may synchronise: each replica adds its own gradients to its own copy of
+the accumulators, then one ``merge_call`` enters the cross-replica context,
+where the ``cond`` either stores the local sums or, on every K-th step,
+all-reduces the K-step averages ONCE (one ``batch_reduce_to``), applies weight
+decay and the optimizer's update step, and clears the accumulators. So each
+replica trains on K micro-batches and the replicas communicate once per
+optimizer step; the result equals one step on the K-times larger global
+batch. Gradient clipping acts on each replica's K-step average before the
+all-reduce, as Keras's own step clips before its all-reduce. Elsewhere (one
+replica, no accumulation, or a cross-replica caller) Keras's own method runs
+unchanged. Verified on Keras 3.15.1 (TensorFlow 2.21).
+"""
+
+from __future__ import annotations
+
+import keras
+import tensorflow as tf
+
+from mirrorkit.compat._repair import Repair, spans_replicas
+
+
+def _needs_repair(optimizer) -> bool:
+    if not optimizer.gradient_accumulation_steps or not tf.distribute.has_strategy():
+        return False
+    if tf.distribute.in_cross_replica_context():
+        return False
+    return spans_replicas(tf.distribute.get_strategy())
+
+
+def _tf_variable(variable):
+    return variable.value if isinstance(variable, keras.Variable) else variable
+
+
+def _replacement(original):
+    def _backend_apply_gradients(self, grads, trainable_variables):
+        if not _needs_repair(self):
+            return original(self, grads, trainable_variables)
+        if self.use_ema:
+            raise ValueError(
+                "gradient_accumulation_steps together with use_ema=True is not supported with "
+                f"{tf.distribute.get_strategy().num_replicas_in_sync} replicas: Keras's EMA "
+                "update cannot run across replicas inside the accumulation step. Drop use_ema, "
+                "or keep the accumulation and average the weights in a callback."
+            )
+        steps = self.gradient_accumulation_steps
+        accumulators = [
+            self._accumulated_gradients[self._get_variable_index(v)] for v in trainable_variables
+        ]
+        # Replica context: this replica's gradients plus its own accumulators.
+        sums = [
+            tf.convert_to_tensor(g) + tf.cast(_tf_variable(a), g.dtype)
+            for g, a in zip(grads, accumulators, strict=True)
+        ]
+        averages = self._clip_gradients([s / steps for s in sums])
+        variables = [_tf_variable(v) for v in trainable_variables]
+        slots = [_tf_variable(a) for a in accumulators]
+
+        def cross_replica(distribution, sums, averages):
+            is_update_step = (self._iterations + 1) % steps == 0
+
+            def apply():
+                reduced = distribution.extended.batch_reduce_to(
+                    tf.distribute.ReduceOp.SUM, list(zip(averages, variables, strict=True))
+                )
+                _cross_replica_weight_decay(self, distribution, variables)
+                self._distributed_tf_update_step(
+                    distribution, list(zip(reduced, variables, strict=True)), self.learning_rate
+                )
+                for slot in slots:
+                    distribution.extended.update(
+                        slot, lambda s: s.assign(tf.zeros_like(s)), group=False
+                    )
+
+            def accumulate():
+                for slot, local in zip(slots, sums, strict=True):
+                    distribution.extended.update(
+                        slot, lambda s, v: s.assign(v), args=(local,), group=False
+                    )
+
+            tf.cond(is_update_step, apply, accumulate)
+
+        tf.distribute.get_replica_context().merge_call(cross_replica, args=(sums, averages))
+
+    _backend_apply_gradients.__wrapped__ = original
+    return _backend_apply_gradients
+
+
+def _cross_replica_weight_decay(self, distribution, variables) -> None:
+    """Keras's ``TFOptimizer._apply_weight_decay``, called from the cross-replica context."""
+    if self.weight_decay is None:
+        return
+
+    def decay(variable):
+        lr = tf.cast(self.learning_rate, variable.dtype)
+        wd = tf.cast(self.weight_decay, variable.dtype)
+        variable.assign_sub(variable * wd * lr)
+
+    for variable in variables:
+        if self._use_weight_decay(variable):
+            distribution.extended.update(variable, decay, group=False)
+
+
+REPAIR = Repair(
+    name="gradient_accumulation",
+    upstream="UPSTREAM.md gradient_accumulation_steps row; docs/compat.md",
+    module="keras.src.backend.tensorflow.optimizer",
+    target="TFOptimizer._backend_apply_gradients",
+    replacement=_replacement,
+    applies_to=spans_replicas,
+)

@@ -113,3 +113,35 @@ def test_ema_with_accumulation_across_replicas_is_refused_clearly():
     model = mk.build(make, mk.strategy(cpu_replicas=2))
     with pytest.raises(ValueError, match="use_ema=True is not supported with 2 replicas"):
         model.fit(x, y, batch_size=MICRO_BATCH, epochs=1, verbose=0)
+
+
+def _accumulate_on_workers():
+    import mirrorkit as mk
+
+    strategy = mk.strategy()
+    assert type(strategy).__name__ == "CollectiveAllReduceStrategy"
+    x, y = _data()
+    data = tf.data.Dataset.from_tensor_slices((x, y)).batch(MICRO_BATCH)
+    runs = {}
+    for name in ("sgd", "adam"):
+        model = mk.build(lambda name=name: _model(name, accumulate=True), strategy)
+        model.fit(data, epochs=1, verbose=0)
+        runs[name] = _optimizer_steps(model), [w.copy() for w in model.get_weights()]
+    return runs
+
+
+@pytest.mark.slow
+def test_accumulating_on_two_workers_equals_one_big_step():
+    """MultiWorkerMirroredStrategy: Keras 3.15.1 alone fails there the same way."""
+    from _multiworker import run_workers
+
+    workers = run_workers(_accumulate_on_workers, n=2)
+    for name in ("sgd", "adam"):
+        one = _train(mk.strategy("one_device"), name, accumulate=False, batch=K * MICRO_BATCH)
+        for worker, runs in enumerate(workers):
+            steps, weights = runs[name]
+            assert steps == 2
+            for i, (got, want) in enumerate(zip(weights, one.get_weights(), strict=True)):
+                np.testing.assert_allclose(
+                    got, want, rtol=0, atol=TOLERANCE, err_msg=f"{name} worker {worker} weight {i}"
+                )

@@ -1,14 +1,34 @@
-"""Run a function as N real workers of one job (TF_CONFIG on loopback) and collect all results."""
+"""Run a function as N real workers of one job (TF_CONFIG on loopback) and collect all results.
+
+It goes through the one local-job function every launcher uses
+(`mirrorkit.launcher.local_job.run_job`), unpinned and in this machine's
+network, as the suite always ran its workers.
+"""
 
 from __future__ import annotations
 
-from mirrorkit.launcher import cluster_spec, processes
+from mirrorkit.launcher import local_job
 
 
-def run_workers(fn, *args, n=2, timeout_s=300, extra_env=None):
-    addresses = cluster_spec.local_addresses(n)
+def run_workers(fn, *args, n=2, timeout_s=300, extra_env=None, env=None):
+    """Returns every worker's ``fn(*args)``, in worker order.
 
-    def env(i):
-        return {"TF_CONFIG": cluster_spec.tf_config(addresses, i), **(extra_env or {})}
+    Args:
+        extra_env: variables for every worker.
+        env: ``env(i)`` gives worker i its own variables, e.g. a TF_CONFIG the
+            test wrote; they win over the launcher's.
+    """
 
-    return processes.run_function(fn, args, num_processes=n, env=env, timeout_s=timeout_s)
+    def worker_env(i):
+        return {**(extra_env or {}), **(env(i) if env else {})}
+
+    return local_job.run_job(
+        fn,
+        n,
+        args,
+        pin=False,
+        private_network=False,
+        env=worker_env,
+        timeout_s=timeout_s,
+        wording=None,
+    )

@@ -157,10 +157,12 @@ def test_straggler_is_flagged_only_above_the_factor_as_shown():
 
 def test_launch_notices_are_said_once_per_process(monkeypatch, capsys):
     # Before: printed on every launch (the README says "each said once").
-    monkeypatch.setattr(script, "_said", set())
-    script.plan_cpus(2, True)
+    from mirrorkit.launcher import local_job
+
+    monkeypatch.setattr(local_job, "_said", set())
+    local_job.plan_cpus(2, True)
     first = capsys.readouterr().err
-    script.plan_cpus(2, True)
+    local_job.plan_cpus(2, True)
     assert first.startswith("mirrorkit: ") and capsys.readouterr().err == ""
-    script.plan_cpus(2, False)
+    local_job.plan_cpus(2, False)
     assert capsys.readouterr().err == ""

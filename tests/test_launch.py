@@ -73,7 +73,11 @@ def test_a_failing_worker_stops_the_launch(tmp_path):
     done = _launch("-n", "2", str(script), str(pids), timeout=120)
     elapsed = time.monotonic() - start
     assert done.returncode != 0
-    assert elapsed < 30 + 15  # 30 s from the failure; the rest is two TensorFlow imports
+    # Worker 0 waits in a collective for its dead peer until the launcher stops it: it never
+    # fails by itself (no traceback of its own), and the launch ends long before the timeout
+    # (a generous bound: two TensorFlow start-ups on a loaded 2-core machine take most of it).
+    assert "[w0] Traceback" not in done.stdout
+    assert elapsed < 100
     assert "RuntimeError: worker 1 breaks at step 3" in done.stdout
     assert "worker 1 failed with exit code 1" in done.stderr
     assert len(os.listdir(pids)) == 2
@@ -261,11 +265,11 @@ def test_local_workers_are_unreachable_from_outside_the_job(tmp_path):
 
 
 def test_launch_warns_when_no_private_network_is_possible(monkeypatch, capfd):
-    from mirrorkit.launcher import hosts, netns, script
+    from mirrorkit.launcher import hosts, local_job, netns
 
     monkeypatch.setattr(netns, "check", lambda: "unshare: Operation not permitted")
     job = hosts.Layout(("127.0.0.1:1", "127.0.0.1:2"), 0, 2, False)
-    assert script.plan_network(job, True) is False
+    assert local_job.plan_network(job, True) is False
     said = capfd.readouterr().err
     assert "WARNING: could not make a private network namespace (unshare: Operation" in said
     assert "no authentication and listen on every interface" in said
@@ -333,3 +337,41 @@ def test_quickstart_example_runs():
     )
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     assert "final: test loss" in done.stdout and "examples/s" in done.stdout
+
+
+# --- one local-job function for every caller; its notices in the caller's words ---------------
+
+
+def _notices_of_a_launch(monkeypatch, capsys, start):
+    """What a launch says before it starts its workers (none are started here)."""
+    from mirrorkit.launcher import local_job, pinning, processes
+
+    monkeypatch.setattr(local_job, "_said", set())
+    monkeypatch.setattr(pinning, "split_cpus", lambda n: [[0], [1]][:n])  # pinning possible
+    started = []
+    monkeypatch.setattr(processes, "run_function", lambda *a, **k: started.append(k) or [None])
+    monkeypatch.setattr(processes, "run_commands", lambda *a, **k: started.append(k))
+    start()
+    assert len(started) == 1  # the one launch went through run_job to the process layer
+    return capsys.readouterr().err
+
+
+def test_mk_launch_notices_name_its_arguments_not_cli_flags(monkeypatch, capsys):
+    said = _notices_of_a_launch(
+        monkeypatch, capsys, lambda: mk.launch(print, num_workers=2, private_network=False)
+    )
+    assert "pin_cpus=False turns this off" in said
+    assert "WARNING: private_network=False." in said
+    assert "--" not in said  # no command-line flag
+
+
+def test_cli_launch_notices_name_its_flags(monkeypatch, capsys, tmp_path):
+    from mirrorkit import cli
+    from mirrorkit.launcher import script
+
+    target = tmp_path / "train.py"
+    target.write_text("pass\n")
+    args = cli.build_parser().parse_args(["launch", "-n", "2", "--shared-network", str(target)])
+    said = _notices_of_a_launch(monkeypatch, capsys, lambda: script.run(args))
+    assert "--no-pin turns this off" in said and "WARNING: --shared-network." in said
+    assert "pin_cpus" not in said and "private_network" not in said

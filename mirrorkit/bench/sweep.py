@@ -2,7 +2,8 @@
 
 Replica counts run in one process each (simulated CPU replicas, or GPUs);
 worker counts run as local multi-worker jobs, each worker pinned to its own
-cores, through the same machinery as ``mirrorkit launch``.
+cores, through the function ``mirrorkit launch`` and ``mk.launch`` use
+(`mirrorkit.launcher.local_job.run_job`).
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from mirrorkit.bench import measure
-from mirrorkit.launcher import cluster_spec, netns, pinning, processes
+from mirrorkit.launcher import local_job, pinning
 
 
 def cores_for(workers: int, cores_per_worker: int | None) -> list[list[int]] | None:
@@ -41,24 +42,16 @@ def run_config(
     Output of the processes is kept quiet unless one fails, in which case the
     error carries its traceback.
     """
-    addresses = cluster_spec.local_addresses(workers) if workers > 1 else None
-
-    def env(i: int) -> dict[str, str]:
-        extra = {"TF_CPP_MIN_LOG_LEVEL": "3"}
-        if addresses:
-            extra.update(cluster_spec.worker_env(addresses, i))
-        return extra
-
-    quiet = io.StringIO()
-    return processes.run_function(
+    return local_job.run_job(
         fn,
+        workers,
         args,
-        num_processes=workers,
-        env=env,
+        pin=cores or False,
+        private_network=workers > 1,
+        env=lambda i: {"TF_CPP_MIN_LOG_LEVEL": "3"},
         timeout_s=timeout_s,
-        stream=quiet,
-        cpus=cores,
-        private_network=workers > 1 and netns.check() is None,
+        stream=io.StringIO(),  # quiet; a failure's error carries its traceback
+        wording=None,
     )
 
 

@@ -6,7 +6,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from mirrorkit import cluster
-from mirrorkit.launcher import cluster_spec, hosts, processes, script, tf_noise
+from mirrorkit.launcher import local_job
 
 
 def launch(
@@ -69,20 +69,17 @@ def launch(
     if here.is_multi_worker:
         raise RuntimeError(
             f"mk.launch starts its own workers, but this process is already worker "
-            f"{here.task_index} of a {here.num_workers}-worker job ({here.source}). Call "
+            f"{here.worker_index} of a {here.num_workers}-worker job ({here.source}). Call "
             "mk.launch from a plain notebook or script, or call the function directly here."
         )
-    addresses = cluster_spec.local_addresses(num_workers)
-    job = hosts.Layout(tuple(addresses), 0, num_workers, False)
-    script.plan_allocator()
-    with tf_noise.keeping(tf_startup_logs):  # the launch reads it, see tf_noise
-        results = processes.run_function(
-            fn,
-            args,
-            num_processes=num_workers,
-            env=lambda i: cluster_spec.worker_env(addresses, i),
-            timeout_s=timeout_s,
-            cpus=script.plan_cpus(num_workers, pin_cpus),
-            private_network=script.plan_network(job, private_network),
-        )
+    results = local_job.run_job(
+        fn,
+        num_workers,
+        args,
+        pin=pin_cpus,
+        private_network=private_network,
+        timeout_s=timeout_s,
+        tf_startup_logs=tf_startup_logs,
+        wording=local_job.ARGUMENTS,
+    )
     return results[0]

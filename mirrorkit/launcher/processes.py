@@ -1,6 +1,7 @@
 """Run a Python function in N fresh processes, stream their output, collect results.
 
-The one mechanism under `mk.launch` (notebooks) and the test suite: each
+The process mechanism under every launch (`local_job.run_job` plans the job
+and calls it) and under the suite's fresh single processes: each
 process is a new interpreter (never a fork, so TensorFlow starts clean and can
 take a new device configuration), the function travels with `cloudpickle`
 (functions defined in a notebook or ``__main__`` included), every output line
@@ -299,13 +300,7 @@ def _supervise(
             lines = (partial[i] + chunk).split(b"\n")
             partial[i] = lines.pop()
             for line in lines:
-                text = line.decode(errors="replace")
-                if logs:
-                    logs[i].write(line + b"\n")
-                if drop_tf_noise and tf_noise.is_startup_line(text):
-                    continue  # TensorFlow's known start-up lines (see tf_noise)
-                tails[i].append(text)
-                stream.write(text + "\n" if prefix is None else f"[{prefix}{i}] {text}\n")
+                _forward(line, i, stream, prefix, logs, tails[i], drop_tf_noise)
             stream.flush()
             for log in logs:
                 log.flush()
@@ -319,6 +314,30 @@ def _supervise(
                     break
     selector.close()
     return failed, tails
+
+
+def _forward(
+    line: bytes,
+    i: int,
+    stream: TextIO,
+    prefix: str | None,
+    logs: Sequence[BinaryIO],
+    tail: collections.deque,
+    drop_tf_noise: bool,
+) -> None:
+    """Forwards one output line of worker `i`: the one place every worker line passes.
+
+    The line goes to worker i's log file as it is; TensorFlow's known start-up
+    lines stop there (see `tf_noise`); every other line is kept for the error
+    of a failing worker and written to `stream` with its ``[wN]`` prefix.
+    """
+    text = line.decode(errors="replace")
+    if logs:
+        logs[i].write(line + b"\n")
+    if drop_tf_noise and tf_noise.is_startup_line(text):
+        return
+    tail.append(text)
+    stream.write(text + "\n" if prefix is None else f"[{prefix}{i}] {text}\n")
 
 
 def _still_running(running: list[int], procs: Sequence[subprocess.Popen]) -> str:

@@ -12,15 +12,7 @@ import argparse
 import os
 import sys
 
-from mirrorkit.launcher import (
-    allocator,
-    cluster_spec,
-    hosts,
-    netns,
-    pinning,
-    processes,
-    tf_noise,
-)
+from mirrorkit.launcher import cluster_spec, hosts, local_job, processes
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -119,7 +111,7 @@ def layout(args: argparse.Namespace, env: dict[str, str] | None = None) -> hosts
     if slurm is not None:
         return slurm
     if args.port is not None:
-        _say(
+        local_job.say(
             f"--port {args.port} is for multi-host jobs (--hosts, or Slurm); workers on one "
             "host take free loopback ports, so it is not used"
         )
@@ -143,99 +135,35 @@ def run(args: argparse.Namespace) -> int:
         )
         return 2
     target = ["-m", args.target] if args.module else [args.target]
-    command = [sys.executable, *target, *args.args]
-    cpus = plan_cpus(job.local_workers, args.pin)
-    plan_allocator()
-    private = plan_network(job, args.private_network)
     ranks = job.local_ranks
-    _say(
+    local_job.say(
         f"workers {ranks.start}-{ranks.stop - 1} of {len(job.addresses)} on this host; "
         f"cluster {', '.join(job.addresses)}"
     )
-    if args.tf_startup_logs:
-        os.environ[tf_noise.ENV_KEEP] = "1"  # read by the launch, see tf_noise
     try:
-        processes.run_commands(
-            [command] * job.local_workers,
-            env=lambda i: cluster_spec.worker_env(job.addresses, job.first_rank + i),
+        local_job.run_job(
+            [sys.executable, *target, *args.args],
+            job.local_workers,
+            layout=job,
+            pin=args.pin,
+            private_network=args.private_network,
             timeout_s=args.timeout_s,
             log_dir=args.log_dir,
-            cpus=cpus,
-            private_network=private,
+            tf_startup_logs=args.tf_startup_logs,
+            wording=local_job.FLAGS,
         )
     except processes.WorkerError as err:
         worker = job.first_rank + err.worker
-        _say(
+        local_job.say(
             f"worker {worker} failed with exit code {err.exit_code}; "
             "the other workers on this host were stopped"
         )
         return err.exit_code if 0 < err.exit_code < 256 else 1
     except TimeoutError as err:
-        _say(str(err))
+        local_job.say(str(err))
         return 124
     except KeyboardInterrupt:
-        _say("interrupted; every worker was stopped")
+        local_job.say("interrupted; every worker was stopped")
         return 130
     return 0
 
-
-def plan_cpus(num_workers: int, pin: bool) -> list[list[int]] | None:
-    """Each local worker's CPUs when pinning is wanted and possible; says what it did."""
-    if not pin:
-        return None
-    groups = pinning.split_cpus(num_workers)
-    if groups is None:
-        cpus = pinning.available_cpus()
-        why = "CPU affinity is not supported here" if cpus is None else f"only {len(cpus)} CPUs"
-        _say_once(f"not pinning: {num_workers} workers but {why}")
-        return None
-    _say_once(
-        f"pinning each worker to its own CPUs ({pinning.describe(groups)}) with TensorFlow "
-        "thread pools of that size; --no-pin turns this off"
-    )
-    return groups
-
-
-def plan_allocator() -> None:
-    """Says once what the workers' memory allocator keeps (`allocator`), when it applies."""
-    if allocator.malloc_env():
-        _say_once(allocator.describe())
-
-
-def plan_network(job: hosts.Layout, wanted: bool) -> bool:
-    """Whether the workers get a private network namespace; warns when they cannot."""
-    warning = (
-        "TensorFlow's worker servers have no authentication and listen on every interface "
-        "(tensorflow#11689): anyone who can reach this machine's ports can run code in the "
-        "workers. Run only on a trusted network or behind a firewall."
-    )
-    if job.multi_host:
-        _say_once(f"WARNING: multi-host job. {warning}")
-        return False
-    if not wanted:
-        _say_once(f"WARNING: --shared-network. {warning}")
-        return False
-    reason = netns.check()
-    if reason is not None:
-        _say_once(f"WARNING: could not make a private network namespace ({reason}). {warning}")
-        return False
-    _say_once("workers run in a private network namespace: unreachable from outside this job")
-    return True
-
-
-def _say(message: str) -> None:
-    print(f"mirrorkit: {message}", file=sys.stderr, flush=True)
-
-
-_said: set[str] = set()
-
-
-def _say_once(message: str) -> None:
-    """Says a launch notice the first time this process gives it.
-
-    A notebook's second `mk.launch` with the same settings stays quiet; a
-    notice whose text changed (other CPUs, another worker count) is said again.
-    """
-    if message not in _said:
-        _said.add(message)
-        _say(message)

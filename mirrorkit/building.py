@@ -9,6 +9,7 @@ import tensorflow as tf
 
 from mirrorkit import chief, compat, compression, registry, workers
 from mirrorkit.compat.multi_worker_reduce import LOCAL_STEP_LOGS
+from mirrorkit.scale import batchnorm
 
 #: What `build`'s ``step_logs`` accepts.
 STEP_LOGS = ("averaged", "local")
@@ -72,6 +73,7 @@ def build(
                 f"model_fn must return a keras.Model; it returned {type(model).__name__}"
             )
         compat.prepare_model(model, chosen)
+    batchnorm.check(model, chosen)
     _set_step_logs(chosen, step_logs)
     if gradient_compression is not None:
         compression.apply(model, gradient_compression, chosen)

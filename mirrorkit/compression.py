@@ -15,7 +15,7 @@ from typing import Any
 import keras
 import tensorflow as tf
 
-from mirrorkit import chief
+from mirrorkit import chief, internals
 
 DTYPES = {"fp16": tf.float16, "bf16": tf.bfloat16}
 
@@ -44,15 +44,20 @@ def apply(model: keras.Model, compression: str, strategy: tf.distribute.Strategy
             f"gradient_compression must be None, 'fp16' or 'bf16'; got {compression!r}"
         )
     optimizer = innermost_optimizer(model)
-    if optimizer is None or not hasattr(optimizer, "_all_reduce_sum_gradients"):
+    if optimizer is None:
         raise ValueError(
             "gradient_compression needs a compiled model with a Keras optimizer; compile the "
             "model inside the function given to mk.build"
         )
+    all_reduce = internals.require(
+        optimizer,
+        "_all_reduce_sum_gradients",
+        name="keras optimizer._all_reduce_sum_gradients",
+        used_for="gradient_compression",
+    )
     if strategy.num_replicas_in_sync < 2:
         return
     wire = DTYPES[compression]
-    all_reduce = optimizer._all_reduce_sum_gradients
 
     def compressed_all_reduce(grads_and_vars):
         pairs = list(grads_and_vars)

@@ -6,7 +6,7 @@ import os
 import platform
 from typing import Any
 
-from mirrorkit import cluster
+from mirrorkit import cluster, versions
 
 
 def collect() -> dict[str, Any]:
@@ -16,12 +16,18 @@ def collect() -> dict[str, Any]:
     devices.
 
     Returns:
-        A dict with ``versions``, ``physical_devices``, ``logical_devices``,
-        ``cluster`` and ``auto`` (the kind ``mk.strategy()`` would make and why).
+        A dict with ``versions``, ``tested_range`` (whether the installed
+        TensorFlow/Keras pair is inside the range CI's matrix runs),
+        ``physical_devices``, ``cluster`` and ``auto`` (the kind
+        ``mk.strategy()`` would make and why).
 
     Example:
-    >>> collect()["auto"]["kind"] in ("one_device", "mirrored", "multi_worker")
-    True
+    ```python
+    from mirrorkit import info
+
+    facts = info.collect()
+    print(facts["tested_range"]["inside"], facts["auto"]["kind"])
+    ```
     """
     import keras
     import tensorflow as tf
@@ -37,6 +43,7 @@ def collect() -> dict[str, Any]:
             "keras_backend": keras.backend.backend(),
             "mirrorkit": mirrorkit.__version__,
         },
+        "tested_range": _tested_range(),
         "platform": platform.platform(),
         "cpu_count": os.cpu_count(),
         "physical_devices": [
@@ -66,6 +73,17 @@ def collect() -> dict[str, Any]:
     return facts
 
 
+def _tested_range() -> dict[str, Any]:
+    found = versions.installed()
+    return {
+        "inside": found.in_tested_range,
+        "range": versions.tested_range(),
+        "tensorflow": [".".join(map(str, v)) for v in versions.TESTED_TENSORFLOW],
+        "keras": [".".join(map(str, v)) for v in versions.TESTED_KERAS],
+        "describe": found.describe(),
+    }
+
+
 _STRATEGY_CLASS = {
     "multi_worker": "MultiWorkerMirroredStrategy",
     "mirrored": "MirroredStrategy",
@@ -80,6 +98,7 @@ def format_text(facts: dict[str, Any]) -> str:
         ("mirrorkit", versions["mirrorkit"]),
         ("tensorflow", versions["tensorflow"]),
         ("keras", f"{versions['keras']} (backend {versions['keras_backend']})"),
+        ("tested range", facts["tested_range"]["describe"]),
         ("python", versions["python"]),
         ("platform", facts["platform"]),
         ("CPU cores", str(facts["cpu_count"])),

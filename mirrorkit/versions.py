@@ -11,10 +11,13 @@ from __future__ import annotations
 import dataclasses
 from importlib import metadata
 
-#: (major, minor) of the oldest and newest TensorFlow that CI's matrix runs.
-TESTED_TENSORFLOW = ((2, 17), (2, 21))
-#: (major, minor) of the oldest and newest Keras that CI's matrix runs.
-TESTED_KERAS = ((3, 10), (3, 15))
+#: The exact (TensorFlow, Keras) pairs CI's matrix installs, oldest first; each
+#: is pinned in ``ci/constraints-<leg>.txt`` (a test checks they agree).
+MATRIX = {
+    "oldest": ("2.17.1", "3.10.0"),
+    "middle": ("2.19.1", "3.10.0"),
+    "newest": ("2.21.0", "3.15.1"),
+}
 
 
 def parse(version: str) -> tuple[int, int]:
@@ -23,6 +26,18 @@ def parse(version: str) -> tuple[int, int]:
     major = int("".join(c for c in parts[0] if c.isdigit()) or 0)
     minor = int("".join(c for c in (parts[1] if len(parts) > 1 else "0") if c.isdigit()) or 0)
     return major, minor
+
+
+#: (major, minor) of the oldest and newest TensorFlow that CI's matrix runs.
+TESTED_TENSORFLOW = (
+    min(parse(tf) for tf, _ in MATRIX.values()),
+    max(parse(tf) for tf, _ in MATRIX.values()),
+)
+#: (major, minor) of the oldest and newest Keras that CI's matrix runs.
+TESTED_KERAS = (
+    min(parse(k) for _, k in MATRIX.values()),
+    max(parse(k) for _, k in MATRIX.values()),
+)
 
 
 def _label(bounds: tuple[tuple[int, int], tuple[int, int]]) -> str:
@@ -57,16 +72,20 @@ class Installed:
     keras: str | None
 
     @property
+    def newer_than_tested(self) -> bool:
+        """Whether TensorFlow or Keras is newer than the newest pair CI runs."""
+        return (self.tensorflow is not None and parse(self.tensorflow) > TESTED_TENSORFLOW[1]) or (
+            self.keras is not None and parse(self.keras) > TESTED_KERAS[1]
+        )
+
+    @property
     def in_tested_range(self) -> bool:
         """Whether both versions lie inside the range CI's matrix runs."""
         if self.tensorflow is None or self.keras is None:
             return False
         tf_low, tf_high = TESTED_TENSORFLOW
         k_low, k_high = TESTED_KERAS
-        return (
-            tf_low <= parse(self.tensorflow) <= tf_high
-            and k_low <= parse(self.keras) <= k_high
-        )
+        return tf_low <= parse(self.tensorflow) <= tf_high and k_low <= parse(self.keras) <= k_high
 
     def describe(self) -> str:
         """One line: the pair and whether it is inside the tested range."""

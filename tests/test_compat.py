@@ -27,7 +27,8 @@ def test_enable_is_idempotent_and_disable_restores():
 
     compat.disable()
     original = trainer.reduce_per_replica
-    everything = [
+    everything = [repair.name for repair in compat.REPAIRS]
+    assert everything == [
         "symbolic_build",
         "multi_worker_reduce",
         "step_function",
@@ -44,6 +45,22 @@ def test_enable_is_idempotent_and_disable_restores():
     compat.disable()
     assert trainer.reduce_per_replica is original and compat.active() == []
     compat.enable()
+
+
+def test_repairs_are_said_in_one_line_once(monkeypatch, capfd):
+    from mirrorkit import chief
+
+    monkeypatch.setattr(chief, "_said", set())
+    compat.disable()
+    capfd.readouterr()
+    names = compat.enable()
+    compat.disable()
+    compat.enable()
+    said = [line for line in capfd.readouterr().err.splitlines() if "mirrorkit:" in line]
+    assert said == [
+        f"mirrorkit: {len(names)} Keras repairs active (keras {keras.__version__}); "
+        "mirrorkit.compat.active() lists them"
+    ]
 
 
 def test_strategy_applies_what_it_needs():

@@ -1,17 +1,19 @@
 """Repairs for Keras 3 where it breaks under tf.distribute.
 
-Each repair lives in its own module, names its upstream issue and the Keras
-versions it was verified on, and is applied only where a strategy needs it:
-`mk.strategy()` calls `apply_for` on the strategy it returns, and users who
-build their own `tf.distribute` strategies call `enable()`. Applying is
-idempotent, and each applied repair is said once on the chief.
+Each repair lives in its own module, names its upstream issue, and is applied
+only where a strategy needs it: `mk.strategy()` calls `enable` on the strategy
+it returns, and users who build their own `tf.distribute` strategies call
+`enable()` themselves. Applying is idempotent; the chief says once per process
+how many repairs are active (`active()` names them). ``docs/compat.md`` gives
+each failure's account: symptom, upstream report, repair, the TensorFlow/Keras
+pairs it was tested on and the test that reproduces it.
 
 | repair | upstream | what breaks without it |
 | --- | --- | --- |
 | ``symbolic_build`` | keras#20585, #19246 | multi-worker ``fit``/``evaluate``; a first batch smaller than the replica count; string inputs |
 | ``multi_worker_reduce`` | keras#20585 | multi-worker losses and metrics (``axis=0`` on scalars) |
 | ``step_function`` | keras#21366, tensorflow#56423 | ``steps_per_execution > 1`` and ``jit_compile=True`` with several replicas |
-| ``chief_backup_*``, ``chief_checkpoint_save`` | UPSTREAM.md item 4 | ``BackupAndRestore``/``ModelCheckpoint`` written by every worker |
+| ``chief_backup_*``, ``chief_checkpoint_save`` | none found (``docs/compat.md``) | ``BackupAndRestore``/``ModelCheckpoint`` written by every worker |
 | optimizer state built by `mk.build` | keras#23085 | custom ``tf.function`` loops with Adam under a strategy |
 """  # noqa: E501
 
@@ -20,7 +22,7 @@ from __future__ import annotations
 import keras
 import tensorflow as tf
 
-from mirrorkit import chief
+from mirrorkit import chief, versions
 from mirrorkit.compat import (
     chief_files,
     gradient_accumulation,
@@ -28,7 +30,7 @@ from mirrorkit.compat import (
     step_function,
     symbolic_build,
 )
-from mirrorkit.compat._repair import VERIFIED_KERAS, Repair, keras_version
+from mirrorkit.compat._repair import Repair
 
 REPAIRS: tuple[Repair, ...] = (
     symbolic_build.REPAIR,
@@ -60,18 +62,16 @@ def enable(strategy: tf.distribute.Strategy | None = None) -> list[str]:
     _check_keras_version()
     for repair in REPAIRS:
         if strategy is None or repair.applies_to(strategy):
-            if repair.apply():
-                chief.say_once(
-                    f"repair-{repair.name}",
-                    f"patched Keras {keras.__version__} internal {repair.target} "
-                    f"({repair.upstream}); mirrorkit.compat.disable() undoes it",
-                )
-    return [repair.name for repair in REPAIRS if repair.active]
-
-
-def apply_for(strategy: tf.distribute.Strategy) -> list[str]:
-    """Applies the repairs `strategy` needs; called by `mk.strategy()`."""
-    return enable(strategy)
+            repair.apply()
+    names = active()
+    if names:
+        repairs = "repair" if len(names) == 1 else "repairs"
+        chief.say_once(
+            "compat-repairs",
+            f"{len(names)} Keras {repairs} active (keras {keras.__version__}); "
+            "mirrorkit.compat.active() lists them",
+        )
+    return names
 
 
 def disable() -> None:
@@ -87,6 +87,8 @@ def active() -> list[str]:
 
 def prepare_model(model: keras.Model, strategy: tf.distribute.Strategy) -> None:
     """Builds the optimizer's state under `strategy`'s scope (keras#23085).
+
+    See ``docs/compat.md``, "Custom loops with a stateful optimizer".
 
     Keras 3.15.1 and earlier fail in a custom ``tf.function`` training loop
     with a stateful optimizer (Adam) under a strategy, because the optimizer
@@ -108,12 +110,12 @@ def prepare_model(model: keras.Model, strategy: tf.distribute.Strategy) -> None:
 
 
 def _check_keras_version() -> None:
-    version = keras_version()
-    if version > VERIFIED_KERAS[1]:
-        low, high = (".".join(map(str, v)) for v in VERIFIED_KERAS)
+    found = versions.installed()
+    if found.newer_than_tested:
         chief.warn_once(
             "untested-keras",
-            f"Keras {keras.__version__} is newer than the versions mirrorkit's repairs were "
-            f"verified on ({low}-{high}); they are applied where their targets exist. Run "
-            "mirrorkit's compat tests to learn which are still needed.",
+            f"TensorFlow {found.tensorflow} / Keras {found.keras} is newer than mirrorkit's "
+            f"tested range ({versions.tested_range()}); its repairs are applied where their "
+            "targets exist. Run mirrorkit's compat tests (docs/compat.md) to learn which are "
+            "still needed.",
         )

@@ -1,4 +1,4 @@
-"""One repair of Keras: what it replaces, why, and on which versions it was checked."""
+"""One repair of Keras: what it replaces and why (``docs/compat.md`` has each one's account)."""
 
 from __future__ import annotations
 
@@ -7,12 +7,7 @@ import importlib
 from collections.abc import Callable
 from typing import Any
 
-import keras
-
-from mirrorkit import chief
-
-#: Keras minor versions on which every repair here was run against its test.
-VERIFIED_KERAS = ((3, 10), (3, 15))
+from mirrorkit import internals
 
 
 def spans_replicas(strategy: Any) -> bool:
@@ -24,19 +19,13 @@ def spans_replicas(strategy: Any) -> bool:
     )
 
 
-def keras_version() -> tuple[int, int]:
-    """Keras's (major, minor) version."""
-    major, minor = keras.__version__.split(".")[:2]
-    return int(major), int("".join(c for c in minor if c.isdigit()) or 0)
-
-
 @dataclasses.dataclass
 class Repair:
     """Replaces one attribute of a Keras module or class, reversibly.
 
     Attributes:
         name: short name, e.g. ``symbolic_build``.
-        upstream: the upstream issue or UPSTREAM.md item it repairs.
+        upstream: the upstream issue it repairs (``docs/compat.md`` has the account).
         module: the dotted module holding the target.
         target: ``"Class.method"`` or ``"function"`` inside `module`.
         replacement: builds the replacement from the original.
@@ -67,16 +56,21 @@ class Repair:
         """Puts the replacement in place; returns False if it already was."""
         if self.active:
             return False
-        owner, attr = self._owner_and_attr()
-        if not hasattr(owner, attr):
-            chief.warn_once(
-                f"repair-missing-{self.name}",
-                f"Keras {keras.__version__} has no {self.module}.{self.target}; the "
-                f"'{self.name}' repair ({self.upstream}) is not applied. Please report this.",
+        try:
+            owner, attr = self._owner_and_attr()
+        except (ImportError, AttributeError):
+            owner, attr = None, ""
+        if owner is None or not hasattr(owner, attr):
+            internals.warn(
+                f"keras {self.module}.{self.target}",
+                f"the '{self.name}' repair ({self.upstream}), which is NOT applied; "
+                "what it repairs fails as in plain Keras",
             )
             return False
-        self.original = getattr(owner, attr)
-        setattr(owner, attr, self.replacement(self.original))
+        original = getattr(owner, attr)
+        replacement = self.replacement(original)  # may raise InternalChangedError
+        self.original = original
+        setattr(owner, attr, replacement)
         return True
 
     def remove(self) -> None:

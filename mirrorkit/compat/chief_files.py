@@ -1,6 +1,7 @@
 """Repair: only the chief writes checkpoints and backups in a multi-worker job.
 
-Upstream: UPSTREAM.md item 4. Keras 3's callbacks have no notion of a chief
+Upstream: no report found; ``docs/compat.md``, "Callbacks that write from
+every worker". Keras 3's callbacks have no notion of a chief
 (tf-keras had ``distributed_file_utils``; Keras 3 has none), so under
 MultiWorkerMirroredStrategy every worker writes the same paths:
 ``BackupAndRestore(dir)`` kills the job when one worker's ``makedirs`` raises
@@ -14,8 +15,7 @@ replacements skip ``BackupAndRestore``'s save and clean-up and
 ``ModelCheckpoint``'s save on the other workers. Restoring is unchanged: each
 worker reads the chief's backup at the start of ``fit``, which needs the
 backup directory on storage every worker sees (one machine, or a shared file
-system), as Keras's own multi-worker fault tolerance always has. Verified on
-Keras 3.10-3.15.1.
+system), as Keras's own multi-worker fault tolerance always has.
 """
 
 from __future__ import annotations
@@ -49,7 +49,7 @@ def _multi_worker(strategy) -> bool:
 def _repair(name: str, module: str, target: str) -> Repair:
     return Repair(
         name=name,
-        upstream="UPSTREAM.md item 4 (no chief-aware callbacks in Keras 3)",
+        upstream="no chief-aware callbacks in Keras 3",
         module=module,
         target=target,
         replacement=_on_chief_only,

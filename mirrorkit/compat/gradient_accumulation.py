@@ -1,8 +1,8 @@
 """Repair: optimizer ``gradient_accumulation_steps`` under several replicas.
 
-Upstream: UPSTREAM.md's ``gradient_accumulation_steps`` row; listed in
-``docs/compat.md``. Keras 3 optimizers accumulate gradients for K steps when
-built with ``gradient_accumulation_steps=K``, but
+Upstream: no report found; ``docs/compat.md``, "gradient_accumulation_steps".
+Keras 3 optimizers accumulate gradients for K steps when built with
+``gradient_accumulation_steps=K``, but
 ``BaseOptimizer._backend_apply_gradients`` picks between "apply" and
 "accumulate" with a ``cond`` in the replica context, and both branches
 synchronise the replicas (the all-reduce and ``extended.update`` go through
@@ -116,7 +116,7 @@ def _cross_replica_weight_decay(self, distribution, variables) -> None:
 
 REPAIR = Repair(
     name="gradient_accumulation",
-    upstream="UPSTREAM.md gradient_accumulation_steps row; docs/compat.md",
+    upstream="gradient_accumulation_steps under a strategy (docs/compat.md)",
     module="keras.src.backend.tensorflow.optimizer",
     target="TFOptimizer._backend_apply_gradients",
     replacement=_replacement,

@@ -1,6 +1,7 @@
 """Repair: average scalar losses and metrics across workers without ``axis=0``.
 
-Upstream: UPSTREAM.md item 2; keras-team/keras#20585. In
+Upstream: keras-team/keras#20585; ``docs/compat.md``, "Multi-worker log
+reduction". In
 ``keras/src/backend/tensorflow/trainer.py``, ``reduce_per_replica``'s
 multi-worker branch calls ``strategy.reduce("MEAN", v, axis=0)`` on every log
 value; losses and metrics are scalars, so it raises ``Invalid reduction
@@ -8,7 +9,7 @@ dimension 0 for input with 0 dimensions``. The single-host branch averages the
 replicas' values (``tf.reduce_mean(local_results, axis=0)``); the replacement
 does the same across workers with ``strategy.reduce("MEAN", v, axis=None)``
 and leaves every other reduction (``concat`` for ``predict``, ``sum``,
-``first``) to Keras. Verified on Keras 3.10-3.15.1.
+``first``) to Keras. Tested on the pairs ``docs/compat.md`` lists.
 
 With ``mk.build(..., step_logs="local")`` the strategy carries
 `LOCAL_STEP_LOGS` and per-step logs are averaged over this worker's replicas
@@ -23,6 +24,7 @@ import keras
 import tensorflow as tf
 from keras.src.backend.tensorflow import trainer
 
+from mirrorkit import internals
 from mirrorkit.compat._repair import Repair
 
 #: Strategy attribute: average per-step logs over this worker's replicas only.
@@ -35,8 +37,16 @@ def _local_mean(value, strategy):
 
 
 def _replacement(original):
+    # Keras's own test for the branch that fails, so the repair replaces exactly that branch.
+    multi_worker = internals.require(
+        trainer,
+        "_collective_all_reduce_multi_worker",
+        name="keras.src.backend.tensorflow.trainer._collective_all_reduce_multi_worker",
+        used_for="the multi_worker_reduce repair (multi-worker losses and metrics)",
+    )
+
     def reduce_per_replica(values, strategy, reduction):
-        if reduction in ("auto", "mean") and trainer._collective_all_reduce_multi_worker(strategy):
+        if reduction in ("auto", "mean") and multi_worker(strategy):
             if getattr(strategy, LOCAL_STEP_LOGS, False):
                 return keras.tree.map_structure(lambda v: _local_mean(v, strategy), values)
             return keras.tree.map_structure(lambda v: strategy.reduce("MEAN", v, axis=None), values)
@@ -48,7 +58,7 @@ def _replacement(original):
 
 REPAIR = Repair(
     name="multi_worker_reduce",
-    upstream="keras-team/keras#20585; UPSTREAM.md item 2",
+    upstream="keras-team/keras#20585",
     module="keras.src.backend.tensorflow.trainer",
     target="reduce_per_replica",
     replacement=_replacement,

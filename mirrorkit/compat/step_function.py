@@ -1,8 +1,8 @@
 """Repair: compile Keras's train/test step so it runs across replicas.
 
-Upstream: UPSTREAM.md item 11 and the ``steps_per_execution`` row of its
-table; keras-team/keras#21366, tensorflow/tensorflow#56423, and
-keras-team/tf-keras#194. ``TensorFlowTrainer._make_function`` wraps one
+Upstream: keras-team/keras#21366, tensorflow/tensorflow#56423, and
+keras-team/tf-keras#194; ``docs/compat.md``, "steps_per_execution" and
+"jit_compile and mixed precision". ``TensorFlowTrainer._make_function`` wraps one
 distributed step (``strategy.run`` on every replica plus the reduction of the
 logs) in its own ``tf.function``, compiled with XLA when the model was
 compiled with ``jit_compile=True``. Under a strategy with more than one
@@ -22,7 +22,10 @@ replica, or several workers, two things break:
 Where neither applies (one replica, ``steps_per_execution == 1`` and no
 ``jit_compile``), Keras's own function is used unchanged. The replacement
 swaps the trainer module's ``tf`` for a proxy only while ``_make_function``
-runs; Keras's closures are otherwise untouched. Verified on Keras 3.10-3.15.1.
+runs; Keras's closures are otherwise untouched. If ``_make_function`` compiles
+no closure named ``one_step_on_data`` (a Keras release renamed it), the
+replacement raises `mirrorkit.internals.InternalChangedError` instead of
+silently doing nothing.
 """
 
 from __future__ import annotations
@@ -33,7 +36,7 @@ from collections.abc import Iterator
 import tensorflow as tf
 from keras.src.backend.tensorflow import trainer
 
-from mirrorkit import chief
+from mirrorkit import chief, internals
 from mirrorkit.compat._repair import Repair, spans_replicas
 
 #: The name of the per-step closure inside Keras's ``_make_function``.
@@ -45,6 +48,7 @@ class _InlineStepTF:
 
     def __init__(self, inline: bool):
         self._inline = inline
+        self.seen_step = False
 
     def __getattr__(self, name):
         return getattr(tf, name)
@@ -52,20 +56,38 @@ class _InlineStepTF:
     def function(self, fn=None, **kwargs):
         if getattr(fn, "__name__", None) != _STEP_CLOSURE:
             return tf.function(fn, **kwargs)
+        self.seen_step = True
         if self._inline:
             return fn  # traced inside the multi-step loop's own tf.function
         kwargs["jit_compile"] = False
         return tf.function(fn, **kwargs)
 
 
+_USED_FOR = "the step_function repair (steps_per_execution > 1, jit_compile; several replicas)"
+
+
 @contextlib.contextmanager
-def _step_compiled_as(inline: bool) -> Iterator[None]:
-    keras_tf = trainer.tf
-    trainer.tf = _InlineStepTF(inline)
+def _step_compiled_as(inline: bool) -> Iterator[_InlineStepTF]:
+    keras_tf = internals.require(
+        trainer, "tf", name="keras.src.backend.tensorflow.trainer.tf", used_for=_USED_FOR
+    )
+    proxy = _InlineStepTF(inline)
+    trainer.tf = proxy
     try:
-        yield
+        yield proxy
     finally:
         trainer.tf = keras_tf
+
+
+def _check_seen(proxy: _InlineStepTF) -> None:
+    """Raises if Keras never compiled a closure named `_STEP_CLOSURE` (the repair did nothing)."""
+    if not proxy.seen_step:
+        raise internals.changed(
+            f"keras TensorFlowTrainer._make_function's closure {_STEP_CLOSURE!r}",
+            _USED_FOR,
+            f"_make_function compiled no closure named {_STEP_CLOSURE!r}, so the repair "
+            "could not take effect",
+        )
 
 
 def _replacement(original):
@@ -85,8 +107,10 @@ def _replacement(original):
                 "(keras#21366, tensorflow#56423); the train/test step runs compiled "
                 "without XLA",
             )
-        with _step_compiled_as(inline=several_steps):
-            return original(self, step_function)
+        with _step_compiled_as(inline=several_steps) as proxy:
+            made = original(self, step_function)
+        _check_seen(proxy)
+        return made
 
     _make_function.__wrapped__ = original
     return _make_function
@@ -94,7 +118,7 @@ def _replacement(original):
 
 REPAIR = Repair(
     name="step_function",
-    upstream="keras-team/keras#21366, tensorflow#56423; UPSTREAM.md item 11, steps_per_execution",
+    upstream="keras-team/keras#21366, tensorflow#56423",
     module="keras.src.backend.tensorflow.trainer",
     target="TensorFlowTrainer._make_function",
     replacement=_replacement,

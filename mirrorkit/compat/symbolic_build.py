@@ -1,7 +1,8 @@
 """Repair: build the model from one local replica's batch, not a cross-replica mean.
 
-Upstream: UPSTREAM.md items 1 and 10; keras-team/keras#20585 (multi-worker),
-keras-team/keras#19246 and tensorflow/tensorflow#80951 (single host).
+Upstream: keras-team/keras#20585 (multi-worker), keras-team/keras#19246 and
+tensorflow/tensorflow#80951 (single host); ``docs/compat.md``, "First-batch
+build".
 ``TensorFlowTrainer._maybe_symbolic_build`` eagerly calls
 ``strategy.reduce("MEAN", first_batch, axis=None)`` on the whole ``(x, y)``
 structure before ``fit``, ``evaluate``, ``train_on_batch`` and
@@ -10,7 +11,8 @@ Attempt to convert a value (PerReplica...)``; under MirroredStrategy it needs
 equal per-replica shapes and numeric dtypes, so a first batch smaller than the
 replica count, or string inputs, fail. The build needs only shapes and dtypes,
 which the first local replica's batch has; the replacement uses it, with no
-collective. Verified on Keras 3.10-3.15.1.
+collective. It reads Keras's epoch iterator whatever the shape of its items
+(``docs/compat.md``, "Epoch iterator items").
 """
 
 from __future__ import annotations
@@ -18,7 +20,10 @@ from __future__ import annotations
 import keras
 import tensorflow as tf
 
+from mirrorkit import internals
 from mirrorkit.compat._repair import Repair, spans_replicas
+
+_USED_FOR = "the symbolic_build repair (building the model from one replica's batch)"
 
 
 def _first_local(value):
@@ -27,16 +32,40 @@ def _first_local(value):
     return value
 
 
+def _batch_iterator(item):
+    """The data iterator in one item of Keras's epoch iterator, whatever its tuple shape.
+
+    Keras 3.10 yields ``(step, iterator)``; Keras 3.11 and later yield
+    ``(begin_step, end_step, iterator)``. Both end with the iterator.
+    """
+    it = item[-1] if isinstance(item, tuple) and item else None
+    if it is None or not hasattr(it, "__next__"):
+        raise internals.changed(
+            "keras TFEpochIterator items",
+            _USED_FOR,
+            f"an item is {type(item).__name__} {item!r:.80}, not a tuple ending with the "
+            "data iterator",
+        )
+    return it
+
+
 def _replacement(original):
     def _maybe_symbolic_build(self, iterator=None, data_batch=None):
-        if self._distribute_strategy is None:
+        strategy = internals.require(
+            self, "_distribute_strategy", name="keras Trainer._distribute_strategy",
+            used_for=_USED_FOR,
+        )  # fmt: skip
+        symbolic_build = internals.require(
+            self, "_symbolic_build", name="keras Trainer._symbolic_build", used_for=_USED_FOR
+        )
+        if strategy is None:
             return original(self, iterator=iterator, data_batch=data_batch)
         if iterator is not None:
-            for _, _, it in iterator:
-                data_batch = keras.tree.map_structure(_first_local, next(it))
+            for item in iterator:
+                data_batch = keras.tree.map_structure(_first_local, next(_batch_iterator(item)))
                 break
-        with self.distribute_strategy.scope():
-            self._symbolic_build(data_batch=data_batch)
+        with strategy.scope():
+            symbolic_build(data_batch=data_batch)
 
     _maybe_symbolic_build.__wrapped__ = original
     return _maybe_symbolic_build
@@ -44,7 +73,7 @@ def _replacement(original):
 
 REPAIR = Repair(
     name="symbolic_build",
-    upstream="keras-team/keras#20585, #19246; UPSTREAM.md items 1 and 10",
+    upstream="keras-team/keras#20585, #19246",
     module="keras.src.backend.tensorflow.trainer",
     target="TensorFlowTrainer._maybe_symbolic_build",
     replacement=_replacement,

@@ -3,7 +3,10 @@
 tf.data has no public way to ask; this walks the chain of datasets through
 their ``_input_dataset`` links (a TensorFlow internal) to the nearest batching
 step, passing only steps that keep the batch dimension (map, filter, prefetch,
-cache, shuffle, repeat, take, skip, options).
+cache, shuffle, repeat, take, skip, options). The walk checks itself once
+on a small probe pipeline: if a TensorFlow release renamed the classes or
+links it relies on, `find` raises `mirrorkit.internals.InternalChangedError`
+instead of reporting "not batched" (which would batch the data twice).
 """
 
 from __future__ import annotations
@@ -12,10 +15,16 @@ import dataclasses
 
 import tensorflow as tf
 
+from mirrorkit import internals
+
 #: Dataset classes (by name) that batch, and those that undo batching.
 _BATCHING = ("_BatchDataset", "_ParallelBatchDataset", "BatchDataset", "ParallelBatchDataset")
 _PADDED = ("_PaddedBatchDataset", "PaddedBatchDataset")
 _UNBATCHING = ("_UnbatchDataset", "UnbatchDataset", "_RebatchDataset", "_LegacyRebatchDataset")
+#: The private links the walk follows (TensorFlow 2.17-2.21).
+_INPUT_LINK = "_input_dataset"
+_SIZE_FIELD = "_batch_size"
+_verified = False
 #: Steps the walk may pass: they keep elements' leading (batch) dimension.
 _TRANSPARENT = (
     "Map", "ParallelMap", "Filter", "Prefetch", "Cache", "Shuffle", "Repeat", "Take", "Skip",
@@ -41,18 +50,50 @@ def find(dataset: tf.data.Dataset, max_depth: int = 64) -> Batching | None:
     >>> find(tf.data.Dataset.range(10)) is None
     True
     """
+    _verify()
+    return _walk(dataset, max_depth)
+
+
+def _walk(dataset: tf.data.Dataset, max_depth: int = 64) -> Batching | None:
     node = dataset
     for _ in range(max_depth):
         name = type(node).__name__
         if name in _BATCHING or name in _PADDED:
-            size = tf.get_static_value(getattr(node, "_batch_size", None))
+            size = tf.get_static_value(getattr(node, _SIZE_FIELD, None))
             return Batching(None if size is None else int(size), name in _PADDED)
         if name in _UNBATCHING:
             return None
         stem = name.lstrip("_").removesuffix("Dataset")
         if stem not in _TRANSPARENT:
             return None
-        node = getattr(node, "_input_dataset", None)
+        node = getattr(node, _INPUT_LINK, None)
         if node is None:
             return None
     return None
+
+
+def _verify() -> None:
+    """Checks once that the walk still sees batching in known pipelines (tf.data internals)."""
+    global _verified
+    if _verified:
+        return
+    probes = {
+        "Dataset.range(4).map(f).batch(2).prefetch(1)": (
+            tf.data.Dataset.range(4).map(lambda x: x).batch(2).prefetch(1),
+            Batching(2, False),
+        ),
+        "Dataset.range(4).padded_batch(2)": (
+            tf.data.Dataset.range(4).padded_batch(2),
+            Batching(2, True),
+        ),
+    }
+    for label, (probe, want) in probes.items():
+        got = _walk(probe)
+        if got != want:
+            raise internals.changed(
+                f"tf.data dataset classes ({', '.join(_BATCHING)}) and their "
+                f"{_INPUT_LINK}/{_SIZE_FIELD} fields",
+                "mk.distribute telling whether a dataset is already batched",
+                f"the walk over {label} found {got}, not {want} ({type(probe).__name__})",
+            )
+    _verified = True

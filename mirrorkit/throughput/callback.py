@@ -11,7 +11,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from mirrorkit import chief
+from mirrorkit import chief, internals
 from mirrorkit import workers as workers_lib
 from mirrorkit.throughput.report import EpochThroughput, ThroughputReport
 from mirrorkit.throughput.step_clock import StepClock
@@ -224,8 +224,20 @@ class ThroughputCallback(keras.callbacks.Callback):
         return int(getattr(self.model, "steps_per_execution", 1) or 1)
 
     def _batch_from_loss_tracker(self, steps: int) -> int | None:
-        tracker = getattr(self.model, "_loss_tracker", None)
+        if not hasattr(self.model, "_loss_tracker"):
+            internals.warn(
+                "keras Trainer._loss_tracker",
+                "ThroughputCallback reading the global batch size (pass global_batch_size=)",
+            )
+            return None
+        tracker = self.model._loss_tracker
         count = getattr(tracker, "count", None)
+        if tracker is not None and count is None:
+            internals.warn(
+                "keras Trainer._loss_tracker.count",
+                "ThroughputCallback reading the global batch size (pass global_batch_size=)",
+                "it has no count",
+            )
         if count is None:
             return None
         return int(round(float(keras.ops.convert_to_numpy(count)) / max(self._calls, 1) / steps))

@@ -17,6 +17,8 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from mirrorkit import internals
+
 #: Steps kept between two reads of the ring buffer.
 DEFAULT_CAPACITY = 8192
 
@@ -46,7 +48,13 @@ class StepClock:
         from mirrorkit.compression import innermost_optimizer
 
         optimizer = innermost_optimizer(model)
-        if optimizer is None or not hasattr(optimizer, "_all_reduce_sum_gradients"):
+        if optimizer is None:
+            return False
+        if not hasattr(optimizer, "_all_reduce_sum_gradients"):
+            internals.warn(
+                "keras optimizer._all_reduce_sum_gradients",
+                "ThroughputCallback's per-worker compute clock and straggler flag",
+            )
             return False
         strategy = model.distribute_strategy
         with strategy.scope():

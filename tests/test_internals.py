@@ -1,0 +1,178 @@
+"""Each private TensorFlow/Keras internal mirrorkit touches has a guard that fires.
+
+Every test takes one internal away (monkeypatch: a TensorFlow or Keras release
+that renamed it) and checks that the user gets an `InternalChangedError` or an
+`InternalChangedWarning` naming the internal and the tested range, instead of
+an AttributeError deep in a traceback or a silent no-op.
+"""
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+from keras.src.backend.tensorflow import optimizer as tf_optimizer
+from keras.src.backend.tensorflow import trainer
+
+import mirrorkit as mk
+from mirrorkit import compat, internals, versions
+from mirrorkit.compat import multi_worker_reduce, step_function, symbolic_build
+
+TESTED = versions.tested_range()
+
+
+@pytest.fixture
+def repairs_restored():
+    compat.disable()
+    yield
+    compat.disable()
+    compat.enable()
+
+
+def _model(**compile_kwargs):
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(2)])
+    model.compile(optimizer="adam", loss="mse", **compile_kwargs)
+    return model
+
+
+def _data(n=16):
+    x = np.ones((n, 4), "float32")
+    return tf.data.Dataset.from_tensor_slices((x, np.zeros((n, 2), "float32"))).batch(8)
+
+
+def test_require_names_the_internal_and_the_tested_range():
+    class Owner:
+        pass
+
+    with pytest.raises(internals.InternalChangedError) as caught:
+        internals.require(Owner(), "_gone", name="Owner._gone", used_for="a test")
+    message = str(caught.value)
+    assert "Owner._gone" in message and "a test" in message and TESTED in message
+    assert f"Keras {keras.__version__}" in message
+
+
+# symbolic_build: the epoch iterator's items and the trainer's private fields
+
+
+@pytest.mark.parametrize("item", [(0, "it"), (0, 1, "it")])
+def test_symbolic_build_reads_either_epoch_iterator_shape(item):
+    data = iter([{"x": 1}])
+    item = tuple(data if v == "it" else v for v in item)
+    assert symbolic_build._batch_iterator(item) is data
+
+
+def test_symbolic_build_unknown_epoch_iterator_item_is_named():
+    with pytest.raises(internals.InternalChangedError, match="TFEpochIterator items"):
+        symbolic_build._batch_iterator(7)
+
+
+def test_symbolic_build_without_the_trainer_strategy_field_is_named():
+    build = symbolic_build._replacement(lambda *args, **kwargs: None)
+    with pytest.raises(internals.InternalChangedError, match="Trainer._distribute_strategy"):
+        build(object())
+
+
+# step_function: Keras's per-step closure and the trainer module's `tf`
+
+
+def test_step_function_renamed_closure_is_an_error_not_a_no_op(monkeypatch):
+    monkeypatch.setattr(step_function, "_STEP_CLOSURE", "closure_keras_never_had")
+    model = mk.build(lambda: _model(steps_per_execution=2), mk.strategy(cpu_replicas=2))
+    with pytest.raises(internals.InternalChangedError, match="_make_function"):
+        model.fit(_data(), epochs=1, verbose=0)
+
+
+def test_step_function_without_trainer_tf_is_named(monkeypatch):
+    monkeypatch.delattr(trainer, "tf")
+    with pytest.raises(internals.InternalChangedError, match=r"trainer\.tf"):
+        with step_function._step_compiled_as(inline=True):
+            pass
+
+
+# multi_worker_reduce: Keras's own multi-worker test
+
+
+def test_multi_worker_reduce_without_keras_check_is_named(repairs_restored, monkeypatch):
+    monkeypatch.delattr(trainer, "_collective_all_reduce_multi_worker")
+    with pytest.raises(internals.InternalChangedError, match="_collective_all_reduce_multi_worker"):
+        multi_worker_reduce.REPAIR.apply()
+    assert not multi_worker_reduce.REPAIR.active
+
+
+# Repair targets (every repair): a missing target warns, the repair is not applied
+
+
+def test_repair_with_missing_target_warns_and_stays_off(repairs_restored, monkeypatch):
+    from keras.src.callbacks import model_checkpoint
+
+    monkeypatch.delattr(model_checkpoint.ModelCheckpoint, "_save_model")
+    (repair,) = [r for r in compat.REPAIRS if r.name == "chief_checkpoint_save"]
+    with pytest.warns(internals.InternalChangedWarning, match="ModelCheckpoint._save_model"):
+        assert repair.apply() is False
+    assert not repair.active
+
+
+# optimizer._all_reduce_sum_gradients: gradient compression and the throughput clock
+
+
+def test_compression_without_all_reduce_hook_is_named(monkeypatch):
+    from mirrorkit import compression
+
+    monkeypatch.delattr(tf_optimizer.TFOptimizer, "_all_reduce_sum_gradients")
+    strategy = mk.strategy(cpu_replicas=2)
+    with strategy.scope():
+        model = _model()
+    with pytest.raises(internals.InternalChangedError, match="_all_reduce_sum_gradients"):
+        compression.apply(model, "fp16", strategy)
+
+
+def test_step_clock_without_all_reduce_hook_warns(monkeypatch):
+    from mirrorkit.throughput.step_clock import StepClock
+
+    monkeypatch.delattr(tf_optimizer.TFOptimizer, "_all_reduce_sum_gradients")
+    strategy = mk.strategy(cpu_replicas=2)
+    with strategy.scope():
+        model = _model()
+    with pytest.warns(internals.InternalChangedWarning, match="_all_reduce_sum_gradients"):
+        assert StepClock().install(model) is False
+
+
+# model._loss_tracker: ThroughputCallback's global batch size
+
+
+def test_throughput_without_loss_tracker_warns(monkeypatch):
+    model = _model()
+    monkeypatch.delattr(model, "_loss_tracker")
+    callback = mk.ThroughputCallback(verbose=0)
+    callback.set_model(model)
+    with pytest.warns(internals.InternalChangedWarning, match="_loss_tracker"):
+        assert callback._batch_from_loss_tracker(1) is None
+
+
+# tf.data's private dataset classes: mk.distribute must not batch twice
+
+
+@pytest.fixture
+def batched_unverified(monkeypatch):
+    from mirrorkit.pipeline import batched
+
+    monkeypatch.setattr(batched, "_verified", False)
+    return batched
+
+
+def test_batched_detection_works_on_this_tensorflow(batched_unverified):
+    found = batched_unverified.find(tf.data.Dataset.range(10).map(lambda x: x).batch(4))
+    assert found == batched_unverified.Batching(4, False)
+
+
+def test_renamed_batch_dataset_class_is_an_error(monkeypatch, batched_unverified):
+    monkeypatch.setattr(batched_unverified, "_BATCHING", ("_RenamedBatchDataset",))
+    with pytest.raises(internals.InternalChangedError, match="tf.data dataset classes"):
+        mk.distribute(
+            tf.data.Dataset.range(8).batch(4), mk.strategy(cpu_replicas=2), global_batch_size=4
+        )
+
+
+def test_renamed_input_link_is_an_error(monkeypatch, batched_unverified):
+    monkeypatch.setattr(batched_unverified, "_INPUT_LINK", "_renamed_input_dataset")
+    with pytest.raises(internals.InternalChangedError, match="_renamed_input_dataset"):
+        batched_unverified.find(tf.data.Dataset.range(8).batch(4))

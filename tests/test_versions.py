@@ -1,0 +1,90 @@
+"""The tested TensorFlow/Keras range: one statement, and CI's matrix agrees with it."""
+
+import pathlib
+import re
+import warnings
+
+import keras
+import pytest
+import tensorflow as tf
+
+from mirrorkit import chief, compat, versions
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+
+
+def _pins(path: pathlib.Path) -> dict[str, str]:
+    pins = {}
+    for line in path.read_text().splitlines():
+        match = re.fullmatch(r"\s*([A-Za-z0-9_.-]+)==(\S+)\s*", line)
+        if match:
+            pins[match.group(1).lower()] = match.group(2)
+    return pins
+
+
+@pytest.mark.parametrize("leg", sorted(versions.MATRIX))
+def test_constraint_files_pin_the_matrix_pairs(leg):
+    pins = _pins(ROOT / "ci" / f"constraints-{leg}.txt")
+    assert (pins["tensorflow"], pins["keras"]) == versions.MATRIX[leg]
+
+
+def test_pyproject_floors_are_the_oldest_pair():
+    text = (ROOT / "pyproject.toml").read_text()
+    floors = dict(re.findall(r'"(tensorflow|keras)>=([0-9.]+)"', text))
+    assert (floors["tensorflow"], floors["keras"]) == versions.MATRIX["oldest"]
+
+
+def test_ci_runs_every_leg():
+    script = (ROOT / ".ci" / "run").read_text()
+    for leg in versions.MATRIX:
+        assert f"constraints-{leg}" in script or f" {leg}" in script, leg
+
+
+def test_tested_range_spans_the_matrix():
+    assert versions.TESTED_TENSORFLOW == ((2, 17), (2, 21))
+    assert versions.TESTED_KERAS == ((3, 10), (3, 15))
+    assert versions.tested_range() == "TensorFlow 2.17-2.21 with Keras 3.10-3.15"
+
+
+def test_the_running_pair_is_read_and_inside_the_range():
+    found = versions.installed()
+    assert (found.tensorflow, found.keras) == (tf.__version__, keras.__version__)
+    # Every leg of CI's matrix installs a pair inside the range it states.
+    assert found.in_tested_range, found.describe()
+    assert "inside the tested range" in found.describe()
+
+
+@pytest.mark.parametrize(
+    ("tf_version", "keras_version", "inside", "newer"),
+    [
+        ("2.17.1", "3.10.0", True, False),
+        ("2.21.0", "3.15.1", True, False),
+        ("2.16.2", "3.10.0", False, False),
+        ("2.21.0", "3.9.2", False, False),
+        ("2.22.0", "3.15.1", False, True),
+        ("2.21.0", "3.16.0.dev2026", False, True),
+        (None, "3.15.1", False, False),
+    ],
+)
+def test_inside_or_outside(tf_version, keras_version, inside, newer):
+    found = versions.Installed(tf_version, keras_version)
+    assert found.in_tested_range is inside
+    assert found.newer_than_tested is newer
+    assert ("OUTSIDE" in found.describe()) is not inside
+
+
+def test_compat_warns_once_for_a_newer_keras(monkeypatch):
+    monkeypatch.setattr(chief, "_said", set())
+    monkeypatch.setattr(versions, "installed", lambda: versions.Installed("2.21.0", "3.99.0"))
+    with pytest.warns(UserWarning, match=r"Keras 3\.99\.0 is newer than mirrorkit's tested range"):
+        compat.enable()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        compat.enable()  # said once
+
+
+def test_compat_is_quiet_inside_the_range(monkeypatch):
+    monkeypatch.setattr(chief, "_said", set())
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        compat.enable()

@@ -181,13 +181,43 @@ def distribute(
         return _from_function(data, strategy, sizes, options)
     else:
         raise TypeError(
-            f"mk.distribute cannot read data of type {type(data).__name__}. Pass an unbatched "
+            f"mk.distribute cannot read {_what(data)}. Pass an unbatched "
             "tf.data.Dataset, NumPy arrays as x or (x, y[, sample_weight]), a dict of arrays, a "
             "function fn(input_context) -> tf.data.Dataset, or a tfds name or builder with "
-            "split=. (A keras.utils.PyDataset goes to fit() directly.)"
+            "split=. (A keras.utils.PyDataset goes to fit() directly.)" + _hint(data)
         )
     made = _global_pipeline(source, strategy, sizes, options, seed, workers)
     return _say_seed(made, seed, announce)
+
+
+def _what(data: Any) -> str:
+    """Names what `data` is, down to the members of a tuple or dict that are not arrays."""
+    if isinstance(data, (tuple, list)) and data:
+        members = ", ".join(type(v).__name__ for v in data)
+        return f"data of type {type(data).__name__}: data is a {type(data).__name__} of ({members})"
+    return f"data of type {type(data).__name__}"
+
+
+def _hint(data: Any) -> str:
+    """What to do for the kinds of data users commonly try."""
+    members = list(data) if isinstance(data, (tuple, list)) else [data]
+    kinds = {type(v).__module__.split(".")[0] + "." + type(v).__name__ for v in members}
+    if any(k.startswith("pandas.") for k in kinds):
+        return (
+            " For pandas, pass NumPy arrays: df.to_numpy() (and series.to_numpy()), or "
+            "{name: df[name].to_numpy() for name in df} for named inputs."
+        )
+    if any(k.endswith((".generator", ".Iterator")) or "generator" in k for k in kinds):
+        return (
+            " For a Python generator, wrap its function as tf.data.Dataset.from_generator(fn, "
+            "output_signature=...) and pass that dataset."
+        )
+    if any(k in ("builtins.list", "builtins.tuple") for k in kinds):
+        return (
+            " Python lists: convert each with np.asarray(...); rows of different lengths need "
+            "tf.ragged.constant(...) or padding (keras.utils.pad_sequences)."
+        )
+    return ""
 
 
 class _Options:

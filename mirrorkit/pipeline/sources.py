@@ -93,6 +93,13 @@ def from_dataset(dataset: tf.data.Dataset, global_batch_size: int) -> Source:
 def _to_tensor(value: Any) -> tf.Tensor | tf.RaggedTensor:
     if isinstance(value, (tf.Tensor, tf.RaggedTensor)):
         return value
+    if isinstance(value, np.ndarray) and value.dtype == object:
+        raise ValueError(
+            f"x is a NumPy array of dtype object (shape {value.shape}), which TensorFlow cannot "
+            "read; usually its rows have different lengths. Pad them to one length "
+            "(keras.utils.pad_sequences) or pass tf.ragged.constant(list_of_rows) for ragged "
+            "rows; for mixed columns, pass a dict of one array per column."
+        )
     return tf.convert_to_tensor(value)
 
 

@@ -1,0 +1,364 @@
+"""docs/errors.md is a test: every row's input still gets the error the row shows.
+
+Each row of the table has an id; `CASES` maps the id to a function that gives
+that input. A case either raises (the row shows the exception's type) or, for
+the command line, returns ``("exit N", stderr)``; a notice (no error, but
+something said) returns ``("said", stderr)``. The row's message must be a
+substring of what comes back, and every row has a case and every case a row.
+Everything runs in this process (4 logical CPUs, so 2 replicas) or as a
+quick subprocess; nothing downloads.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import os
+import pathlib
+import re
+import sys
+import threading
+from collections.abc import Callable
+
+import numpy as np
+import pytest
+
+import mirrorkit as mk
+from mirrorkit import chief, cluster
+from mirrorkit.launcher import script
+
+TABLE = pathlib.Path(__file__).resolve().parent.parent / "docs" / "errors.md"
+ROW = re.compile(
+    r"^\| `(?P<id>[a-z0-9-]+)` \|(?P<input>.*)\| `(?P<kind>[^`]+)`: (?P<message>.*) \|$"
+)
+
+
+def _rows() -> dict[str, tuple[str, str]]:
+    rows = {}
+    for line in TABLE.read_text().splitlines():
+        match = ROW.match(line)
+        if match:
+            assert match["id"] not in rows, f"row id {match['id']} appears twice"
+            message = match["message"].strip()
+            assert message.startswith("`") and message.endswith("`"), line
+            rows[match["id"]] = (match["kind"], message[1:-1].replace("\\|", "|"))
+    return rows
+
+
+# --- helpers ---------------------------------------------------------------------------------
+
+
+def _strategy2():
+    return mk.strategy(cpu_replicas=2)
+
+
+def _xy(n=16, m=None):
+    return np.ones((n, 3), "float32"), np.ones((n if m is None else m, 1), "float32")
+
+
+def _distribute(data, **kwargs):
+    kwargs.setdefault("global_batch_size", 8)
+    return lambda: mk.distribute(data, _strategy2(), **kwargs)
+
+
+def _env(**env) -> Callable[[], object]:
+    return lambda: cluster.from_environment(env)
+
+
+def _tf_config(text: str) -> Callable[[], object]:
+    return _env(TF_CONFIG=text)
+
+
+def _said(fn: Callable[[], object]) -> Callable[[], tuple[str, str]]:
+    def run():
+        saved = set(chief._said)
+        chief._said.clear()
+        err = io.StringIO()
+        try:
+            with contextlib.redirect_stderr(err):
+                fn()
+        finally:
+            chief._said.update(saved)
+        return "said", err.getvalue()
+
+    return run
+
+
+def _launch(*argv: str) -> Callable[[], tuple[str, str]]:
+    """`mirrorkit launch ARGV` in this process: its exit code and what it wrote to stderr."""
+
+    def run():
+        parser = argparse.ArgumentParser(prog="mirrorkit launch")
+        script.add_arguments(parser)
+        err = io.StringIO()
+        with contextlib.redirect_stderr(err):
+            try:
+                code = script.run(parser.parse_args(list(argv)))
+            except SystemExit as exit_:  # argparse
+                code = exit_.code
+        return f"exit {code}", err.getvalue()
+
+    return run
+
+
+def _launch_layout(*argv: str) -> Callable[[], object]:
+    def run():
+        parser = argparse.ArgumentParser(prog="mirrorkit launch")
+        script.add_arguments(parser)
+        return script.layout(parser.parse_args(list(argv)), env={})
+
+    return run
+
+
+def _sleep_script(tmp: pathlib.Path) -> str:
+    path = tmp / "sleeps.py"
+    path.write_text("import time\ntime.sleep(60)\n")
+    return str(path)
+
+
+def _returns_lock():
+    return threading.Lock()
+
+
+def _raises_in_worker():
+    raise ValueError("bad learning rate")
+
+
+def _launch_inside_worker():
+    config = '{"cluster": {"worker": ["127.0.0.1:1", "127.0.0.1:2"]}, "task": {"index": 1}}'
+    old = os.environ.get("TF_CONFIG")
+    os.environ["TF_CONFIG"] = config.replace('{"index"', '{"type": "worker", "index"')
+    try:
+        mk.launch(_returns_lock, num_workers=2)
+    finally:
+        if old is None:
+            del os.environ["TF_CONFIG"]
+        else:
+            os.environ["TF_CONFIG"] = old
+
+
+class DataFrame:
+    """A stand-in with pandas' module and name: pandas is not installed in the test env."""
+
+    __module__ = "pandas.core.frame"
+
+    def __init__(self, columns):
+        self._columns = columns
+
+    def to_numpy(self):
+        return np.stack(list(self._columns.values()), axis=1)
+
+
+def _generator():
+    yield from range(10)
+
+
+def _padded():
+    import tensorflow as tf
+
+    return tf.data.Dataset.range(20).map(lambda i: tf.fill([i % 3 + 1], i)).padded_batch(4)
+
+
+def _batched():
+    import tensorflow as tf
+
+    return tf.data.Dataset.range(64).batch(10)
+
+
+def _tfds_not_prepared(tmp: pathlib.Path):
+    from _tfds_builder import TinyImages  # noqa: F401 - registers tiny_images
+
+    return mk.distribute(
+        "tiny_images", _strategy2(), global_batch_size=8, split="train", data_dir=str(tmp)
+    )
+
+
+def _tiny_model():
+    import keras
+
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)])
+    model.compile(optimizer="sgd", loss="mse")
+    return model
+
+
+def _nan_guard_with_loss_scaling():
+    import keras
+
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)])
+    model.compile(optimizer=keras.optimizers.LossScaleOptimizer(keras.optimizers.SGD()), loss="mse")
+    x, y = _xy(8)
+    model.fit(x, y, epochs=1, verbose=0, callbacks=[mk.callbacks.NaNGuard()])
+
+
+def _flags(*argv: str) -> Callable[[], object]:
+    def run():
+        from absl import flags
+
+        from mirrorkit import flags as mk_flags
+
+        values = flags.FlagValues()
+        mk_flags.define_flags(values)
+        values(["prog", *argv])
+
+    return run
+
+
+def _cases(tmp: pathlib.Path) -> dict[str, Callable[[], object]]:
+    tf_config_2 = '{"cluster": {"worker": ["127.0.0.1:2222", "127.0.0.1:2223"]}'
+    return {
+        # strategy arguments
+        "strategy-kind": lambda: mk.strategy("mirror"),
+        "strategy-all-reduce": lambda: mk.strategy(cpu_replicas=2, all_reduce="allgather"),
+        "strategy-num-gpus": lambda: mk.strategy(num_gpus=4),
+        "strategy-cpu-replicas-float": lambda: mk.strategy(cpu_replicas=2.0),
+        "strategy-cpu-replicas-zero": lambda: mk.strategy(cpu_replicas=0),
+        "strategy-cpu-replicas-fixed": lambda: mk.strategy(cpu_replicas=8),
+        "strategy-two-device-choices": lambda: mk.strategy(devices=["CPU:0"], cpu_replicas=2),
+        "strategy-devices-string": lambda: mk.strategy(devices="CPU:0"),
+        "strategy-device-missing": lambda: mk.strategy("mirrored", devices=["CPU:0", "CPU:9"]),
+        "strategy-nccl-on-cpus": lambda: mk.strategy(cpu_replicas=2, all_reduce="nccl"),
+        "strategy-nccl-no-gpu": lambda: mk.strategy(all_reduce="nccl"),
+        "strategy-bucket-mb": lambda: mk.strategy(cpu_replicas=2, bucket_mb=-1),
+        "strategy-timeout-s": lambda: mk.strategy(cpu_replicas=2, timeout_s=0),
+        "strategy-bucket-reduce-to-one": lambda: mk.strategy(
+            cpu_replicas=2, all_reduce="reduce_to_one", bucket_mb=4
+        ),
+        "strategy-one-device-all-reduce": lambda: mk.strategy("one_device", all_reduce="ring"),
+        "strategy-one-device-replicas": lambda: mk.strategy("one_device", cpu_replicas=2),
+        "strategy-off-num-gpus": lambda: mk.strategy("off", num_gpus=1),
+        "strategy-multi-worker-cpu-replicas": lambda: mk.strategy("multi_worker", cpu_replicas=2),
+        # TF_CONFIG and Slurm
+        "tf-config-json": _tf_config('{"cluster": '),
+        "tf-config-no-cluster": _tf_config('{"task": {"type": "worker", "index": 0}}'),
+        "tf-config-job": _tf_config('{"cluster": {"workers": ["a:1"]}}'),
+        "tf-config-address": _tf_config('{"cluster": {"worker": ["localhost"]}}'),
+        "tf-config-port": _tf_config('{"cluster": {"worker": ["a:70000"]}}'),
+        "tf-config-no-task": _tf_config(tf_config_2 + "}"),
+        "tf-config-task-type": _tf_config(tf_config_2 + ', "task": {"type": "chief", "index": 0}}'),
+        "tf-config-index": _tf_config(tf_config_2 + ', "task": {"type": "worker", "index": 2}}'),
+        "tf-config-index-type": _tf_config(
+            tf_config_2 + ', "task": {"type": "worker", "index": "1"}}'
+        ),
+        "slurm-ntasks": _env(SLURM_NTASKS="two", SLURM_PROCID="0"),
+        "slurm-procid": _env(SLURM_NTASKS="2", SLURM_PROCID="first"),
+        # mirrorkit launch
+        "launch-missing-script": _launch("--no-pin", str(tmp / "missing.py")),
+        "launch-nproc-word": _launch("-n", "two", "train.py"),
+        "launch-nproc-zero": _launch("-n", "0", "train.py"),
+        "launch-port-range": _launch("--port", "70000", "train.py"),
+        "launch-port-hosts": _launch_layout(
+            "--port", "65535", "--hosts", "a,b", "--node-rank", "0", "train.py"
+        ),
+        "launch-nnodes-no-hosts": _launch_layout("--nnodes", "2", "train.py"),
+        "launch-nnodes-mismatch": _launch_layout(
+            "--nnodes", "3", "--hosts", "a,b", "--node-rank", "0", "train.py"
+        ),
+        "launch-no-node-rank": _launch_layout("--hosts", "a,b", "train.py"),
+        "launch-node-rank-range": _launch_layout("--hosts", "a,b", "--node-rank", "2", "train.py"),
+        "launch-host-port": _launch_layout("--hosts", "a,b:x", "--node-rank", "0", "train.py"),
+        "launch-timeout": _launch(
+            "--timeout", "3", "--no-pin", "--shared-network", _sleep_script(tmp)
+        ),
+        # mk.launch
+        "mk-launch-num-workers": lambda: mk.launch(_returns_lock, num_workers=0),
+        "mk-launch-unpicklable": lambda: mk.launch(
+            _returns_lock, num_workers=1, pin_cpus=False, private_network=False
+        ),
+        "mk-launch-worker-raises": lambda: mk.launch(
+            _raises_in_worker, num_workers=1, pin_cpus=False, private_network=False
+        ),
+        "mk-launch-in-worker": _launch_inside_worker,
+        # batch sizes
+        "batch-neither": _distribute(_xy(), global_batch_size=None),
+        "batch-both": _distribute(_xy(), per_replica_batch_size=4),
+        "batch-indivisible": _distribute(_xy(), global_batch_size=33),
+        "batch-zero": _distribute(_xy(), global_batch_size=None, per_replica_batch_size=0),
+        "batch-float": _distribute(_xy(), global_batch_size=8.0),
+        "batch-larger-than-data": _distribute(_xy(3)),
+        # data sources
+        "data-mismatched-rows": _distribute(_xy(10, 9)),
+        "data-empty": _distribute(_xy(0)),
+        "data-padded-batch": _distribute(_padded()),
+        "data-already-batched": _said(_distribute(_batched(), global_batch_size=16)),
+        "data-ragged-lists": _distribute(([[1.0, 2.0], [3.0]], [0.0, 1.0])),
+        "data-ragged-object-array": _distribute(
+            np.array([np.ones(2), np.ones(3)], dtype=object), global_batch_size=2
+        ),
+        "data-generator": _distribute(_generator()),
+        "data-generator-function": lambda: list(
+            mk.distribute(lambda context: _generator(), _strategy2(), global_batch_size=8)
+        ),
+        "data-pandas": _distribute(DataFrame({"a": np.ones(8), "b": np.zeros(8)})),
+        "data-tfds-not-prepared": lambda: _tfds_not_prepared(tmp),
+        "data-shard": _distribute(_xy(), shard="rows"),
+        "data-eval-shuffle": _distribute(_xy(), for_eval=True, shuffle=True),
+        "data-eval-drop": _distribute(_xy(), for_eval=True, drop_remainder=True),
+        # mk.build and callbacks
+        "build-model-not-function": lambda: mk.build(_tiny_model(), _strategy2()),
+        "build-returns-none": lambda: mk.build(lambda: None, _strategy2()),
+        "build-step-logs": lambda: mk.build(_tiny_model, _strategy2(), step_logs="worker"),
+        "build-compression": lambda: mk.build(
+            _tiny_model, _strategy2(), gradient_compression="int8"
+        ),
+        "throughput-baseline-missing": lambda: mk.ThroughputCallback(baseline="missing.json"),
+        "throughput-baseline-negative": lambda: mk.ThroughputCallback(baseline=-5),
+        "sync-check-every": lambda: mk.callbacks.ReplicaSyncCheck(every_n_steps=0),
+        "nan-guard-loss-scale": _nan_guard_with_loss_scaling,
+        # mirrorkit.flags
+        "flags-batch-both": _flags("--batch_size=64", "--per_replica_batch_size=8"),
+        "flags-bucket-mb": _flags("--bucket_mb=0"),
+        "flags-task-index": _flags("--worker_hosts=a:1,b:2", "--task_index=2"),
+        "flags-strategy": _flags("--distribution_strategy=bogus"),
+        "flags-one-device": _flags("--distribution_strategy=one_device", "--cpu_replicas=2"),
+    }
+
+
+def outcome(fn: Callable[[], object]) -> tuple[str, str]:
+    """What a case gives: (exception type name, message) or what it returned."""
+    try:
+        result = fn()
+    except Exception as err:  # noqa: BLE001 - every error is what the table shows
+        return type(err).__name__, str(err)
+    if isinstance(result, tuple) and len(result) == 2 and isinstance(result[0], str):
+        return result
+    return "no error", repr(result)
+
+
+@pytest.fixture(scope="module")
+def cases(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("errors")
+    cwd = os.getcwd()
+    os.chdir(tmp)  # the relative paths (missing.json, train.py) resolve here
+    try:
+        yield _cases(tmp)
+    finally:
+        os.chdir(cwd)
+
+
+def test_every_row_has_a_case_and_every_case_a_row(cases):
+    rows = _rows()
+    assert len(rows) >= 40
+    assert sorted(set(rows) - set(cases)) == [], "rows without a case"
+    assert sorted(set(cases) - set(rows)) == [], "cases without a row"
+
+
+@pytest.mark.parametrize("row_id", sorted(_rows()))
+def test_row_still_gets_its_error(cases, row_id):
+    kind, message = _rows()[row_id]
+    got_kind, got_message = outcome(cases[row_id])
+    assert (got_kind, message in got_message) == (kind, True), got_message
+
+
+if __name__ == "__main__":  # print what every case gives today, to write the table
+    import tempfile
+
+    sys.path.insert(0, str(pathlib.Path(__file__).parent))
+    import conftest
+
+    conftest.pytest_configure(None)  # the same 4 logical CPUs as under pytest
+    with tempfile.TemporaryDirectory() as tmp:
+        os.chdir(tmp)
+        for case_id, fn in _cases(pathlib.Path(tmp)).items():
+            kind, text = outcome(fn)
+            print(f"## {case_id}\n{kind}: {text[:700]}\n", flush=True)

@@ -14,7 +14,7 @@ from collections.abc import Callable
 import tensorflow as tf
 from tensorflow.python.distribute import distribute_lib
 
-from mirrorkit import allreduce, chief, cluster
+from mirrorkit import allreduce, chief, cluster, internals
 from mirrorkit import devices as devices_lib
 
 
@@ -39,8 +39,14 @@ def mirrored(*, devices, num_gpus, cpu_replicas, all_reduce, bucket_mb, timeout_
     if plan.options is not None:
         # MirroredStrategy takes no CommunicationOptions in its constructor; its
         # collective all-reduce reads them from this attribute (TF 2.17-2.21).
+        name = "MirroredStrategy.extended._communication_options"
         extended = made.extended
-        extended._communication_options = extended._communication_options.merge(plan.options)
+        current = internals.require(
+            extended, "_communication_options", name=name, used_for="bucket_mb and timeout_s"
+        )
+        if not hasattr(current, "merge"):
+            raise internals.changed(name, "bucket_mb and timeout_s", "it has no merge()")
+        extended._communication_options = current.merge(plan.options)
     return made
 
 
@@ -60,10 +66,16 @@ def _with_own_collective_keys(make: Callable[[], tf.distribute.MirroredStrategy]
     set for the construction only; plain MirroredStrategy objects keep base 0.
     """
     cls = tf.distribute.MirroredStrategy
+    name = "MirroredStrategy._collective_key_base"
+    used_for = "separate collective keys for each MirroredStrategy in a process"
+    internals.require(cls, "_collective_key_base", name=name, used_for=used_for)
     saved = cls.__dict__.get("_collective_key_base", None)
-    cls._collective_key_base = (next(_strategies_made) + 1) * _KEYS_PER_STRATEGY
+    base = cls._collective_key_base = (next(_strategies_made) + 1) * _KEYS_PER_STRATEGY
     try:
-        return make()
+        made = make()
+        if getattr(made.extended, "_collective_key_base", base) != base:
+            raise internals.changed(name, used_for, "the strategy did not take the base set")
+        return made
     finally:
         if saved is None:
             del cls._collective_key_base
@@ -130,7 +142,12 @@ def one_device(*, devices, num_gpus, cpu_replicas, all_reduce, bucket_mb, timeou
 
 def default(**_unused):
     """TensorFlow's default strategy: no distribution."""
-    return distribute_lib._get_default_strategy()
+    return internals.require(
+        distribute_lib,
+        "_get_default_strategy",
+        name="tensorflow distribute_lib._get_default_strategy",
+        used_for="kind='default'",
+    )()
 
 
 #: kind -> builder; `mk.strategy()` resolves ``auto`` before it looks here.

@@ -176,3 +176,78 @@ def test_renamed_input_link_is_an_error(monkeypatch, batched_unverified):
     monkeypatch.setattr(batched_unverified, "_INPUT_LINK", "_renamed_input_dataset")
     with pytest.raises(internals.InternalChangedError, match="_renamed_input_dataset"):
         batched_unverified.find(tf.data.Dataset.range(8).batch(4))
+
+
+# Strategy builders: a MirroredStrategy's communication options and collective key base
+
+
+def _strip_after_init(monkeypatch, attr, value=None):
+    from tensorflow.python.distribute import mirrored_strategy
+
+    original = mirrored_strategy.MirroredExtended.__init__
+
+    def init(self, *args, **kwargs):
+        original(self, *args, **kwargs)
+        if value is None:
+            delattr(self, attr)
+        else:
+            setattr(self, attr, value)
+
+    monkeypatch.setattr(mirrored_strategy.MirroredExtended, "__init__", init)
+
+
+def test_communication_options_missing_is_named(monkeypatch):
+    _strip_after_init(monkeypatch, "_communication_options")
+    with pytest.raises(internals.InternalChangedError, match=r"extended\._communication_options"):
+        mk.strategy(cpu_replicas=2, bucket_mb=4)
+
+
+def _mirrored_two_cpus():
+    from mirrorkit import builders
+
+    return builders.mirrored(
+        devices=None, num_gpus=None, cpu_replicas=2, all_reduce="auto", bucket_mb=None,
+        timeout_s=None,
+    )  # fmt: skip
+
+
+def test_collective_key_base_missing_is_named(monkeypatch):
+    assert _mirrored_two_cpus().num_replicas_in_sync == 2
+    monkeypatch.delattr(tf.distribute.MirroredStrategy, "_collective_key_base")
+    with pytest.raises(internals.InternalChangedError, match="_collective_key_base"):
+        _mirrored_two_cpus()
+
+
+def test_collective_key_base_not_taken_is_named(monkeypatch):
+    _strip_after_init(monkeypatch, "_collective_key_base", value=-1)
+    with pytest.raises(internals.InternalChangedError, match="did not take the base"):
+        _mirrored_two_cpus()
+
+
+def test_default_strategy_lookup_missing_is_named(monkeypatch):
+    from tensorflow.python.distribute import distribute_lib
+
+    monkeypatch.delattr(distribute_lib, "_get_default_strategy")
+    with pytest.raises(internals.InternalChangedError, match="_get_default_strategy"):
+        mk.strategy("default")
+
+
+# Other modules' guards: mirrorkit.flags (--num_packs) and NaNGuard
+
+
+def test_num_packs_without_cross_device_ops_is_named(monkeypatch):
+    from mirrorkit.flags import consume
+
+    strategy = mk.strategy(cpu_replicas=2)
+    monkeypatch.delattr(strategy.extended, "_cross_device_ops")
+    with pytest.raises(internals.InternalChangedError, match="_cross_device_ops"):
+        consume.set_num_packs(strategy, "hierarchical_copy", 2)
+
+
+def test_nan_guard_without_all_reduce_hook_is_named(monkeypatch):
+    monkeypatch.delattr(tf_optimizer.TFOptimizer, "_all_reduce_sum_gradients")
+    model = mk.build(_model, mk.strategy(cpu_replicas=2))
+    guard = mk.callbacks.NaNGuard()
+    guard.set_model(model)
+    with pytest.raises(internals.InternalChangedError, match="_all_reduce_sum_gradients"):
+        guard.on_train_begin()

@@ -32,3 +32,20 @@ def run_workers(fn, *args, n=2, timeout_s=300, extra_env=None, env=None):
         timeout_s=timeout_s,
         wording=None,
     )
+
+
+def own_tf_configs(tasks):
+    """Each process's TF_CONFIG for a job the test lays out itself, e.g. ``["chief", "worker"]``.
+
+    Returns ``env(i)`` for `run_workers`: process i is ``tasks[i]``, numbered within
+    its job type in order, on a free loopback port.
+    """
+    import json
+
+    from mirrorkit.launcher.ports import free_ports
+
+    cluster, me = {}, []
+    for task_type, port in zip(tasks, free_ports(len(tasks)), strict=True):
+        cluster.setdefault(task_type, []).append(f"127.0.0.1:{port}")
+        me.append({"type": task_type, "index": len(cluster[task_type]) - 1})
+    return lambda i: {"TF_CONFIG": json.dumps({"cluster": cluster, "task": me[i]})}

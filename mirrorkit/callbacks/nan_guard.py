@@ -224,7 +224,7 @@ class NaNGuard(keras.callbacks.Callback):
             f"worker {r // per_worker} replica {r % per_worker} (global replica {r}: {kind})"
             for r, kind in what.items()
         ]
-        me = cluster.from_environment().task_index if state["workers"] > 1 else 0
+        me = cluster.from_environment().worker_index if state["workers"] > 1 else 0
         self.model.stop_training = True
         self._uninstall()
         raise NonFiniteError(

@@ -251,3 +251,20 @@ def test_nan_guard_without_all_reduce_hook_is_named(monkeypatch):
     guard.set_model(model)
     with pytest.raises(internals.InternalChangedError, match="_all_reduce_sum_gradients"):
         guard.on_train_begin()
+
+
+# gradient_accumulation: the optimizer's private accumulation machinery
+
+
+def test_gradient_accumulation_without_optimizer_internal_is_named(monkeypatch):
+    from keras.src.optimizers import base_optimizer
+
+    def make():
+        model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(2)])
+        model.compile(optimizer=keras.optimizers.SGD(gradient_accumulation_steps=2), loss="mse")
+        return model
+
+    model = mk.build(make, mk.strategy(cpu_replicas=2))
+    monkeypatch.delattr(base_optimizer.BaseOptimizer, "_clip_gradients")
+    with pytest.raises(internals.InternalChangedError, match="_clip_gradients"):
+        model.fit(_data(), epochs=1, verbose=0)

@@ -30,6 +30,7 @@ from __future__ import annotations
 import keras
 import tensorflow as tf
 
+from mirrorkit import internals
 from mirrorkit.compat._repair import Repair, spans_replicas
 
 
@@ -45,10 +46,33 @@ def _tf_variable(variable):
     return variable.value if isinstance(variable, keras.Variable) else variable
 
 
+#: The optimizer's private names the replacement uses (Keras 3.10-3.15).
+_INTERNALS = (
+    "_accumulated_gradients",
+    "_get_variable_index",
+    "_clip_gradients",
+    "_iterations",
+    "_distributed_tf_update_step",
+    "_use_weight_decay",
+)
+
+
+def _check_internals(optimizer) -> None:
+    for attr in _INTERNALS:
+        internals.require(
+            optimizer,
+            attr,
+            name=f"keras optimizer.{attr}",
+            used_for="the gradient_accumulation repair (gradient_accumulation_steps with "
+            "several replicas)",
+        )
+
+
 def _replacement(original):
     def _backend_apply_gradients(self, grads, trainable_variables):
         if not _needs_repair(self):
             return original(self, grads, trainable_variables)
+        _check_internals(self)
         if self.use_ema:
             raise ValueError(
                 "gradient_accumulation_steps together with use_ema=True is not supported with "

@@ -160,7 +160,7 @@ def _raw_keras_fit_build_repaired_only():
 
 
 def test_multi_worker_scalar_reduce_fails_upstream():
-    # UPSTREAM.md item 2: with only the build repaired, the log reduction fails.
+    # docs/compat.md, "Multi-worker log reduction": with only the build repaired, it fails.
     with pytest.raises(WorkerError, match="Invalid reduction dimension 0"):
         run_workers(_raw_keras_fit_build_repaired_only, n=2)
 
@@ -210,7 +210,7 @@ def _fit_with_backup_and_checkpoints(directory, epochs, repairs=True, steps_per_
 
 
 def test_backup_and_checkpoint_fail_upstream(tmp_path):
-    # UPSTREAM.md item 4: every worker writes the same files; the job dies on the race.
+    # docs/compat.md, "Callbacks that write from every worker": the job dies on the race.
     failures = 0
     for attempt in range(3):
         try:

@@ -232,6 +232,13 @@ def test_a_script_default_bucket_gives_way_to_an_all_reduce_without_buckets(capf
     assert options.bytes_per_pack == 25 * 1024 * 1024
 
 
+def test_a_script_default_all_reduce_gives_way_to_one_device():
+    fv = parse("--distribution_strategy=one_device", all_reduce_alg="ring")
+    assert type(mk_flags.strategy_from_flags(fv)) is tf.distribute.OneDeviceStrategy
+    with pytest.raises(flags.IllegalFlagValueError, match="one replica has nothing to"):
+        parse("--distribution_strategy=one_device", "--all_reduce_alg=ring")
+
+
 def test_valid_combinations_parse():
     parse("--batch_size=64", "--cpu_replicas=2", "--bucket_mb=25", "--collective_timeout=60")
     parse("--worker_hosts=10.0.0.1:2222,10.0.0.2:2222", "--task_index=1", "--all_reduce_alg=ring")

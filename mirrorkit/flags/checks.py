@@ -40,7 +40,8 @@ def given(fv: flags.FlagValues, name: str) -> Any:
 
     A default gives way to another flag the user gave: ``--batch_size`` replaces a
     default ``per_replica_batch_size``, and a default ``bucket_mb`` or
-    ``collective_timeout`` is not used where the chosen all-reduce has none.
+    ``collective_timeout`` is not used where the chosen all-reduce has none, nor a
+    default ``all_reduce_alg`` with one replica.
     """
     flag = fv[name]
     if flag.present or flag.value is None:
@@ -50,6 +51,8 @@ def given(fv: flags.FlagValues, name: str) -> Any:
             return None
     if name in _COLLECTIVE_ONLY and not collective_runs(fv):
         return None
+    if name == "all_reduce_alg" and fv["distribution_strategy"].value in _SINGLE_REPLICA:
+        return "auto"  # one replica: nothing to all-reduce
     return flag.value
 
 
@@ -172,7 +175,7 @@ def _multi_worker(fv: flags.FlagValues) -> str | None:
 
 
 def _one_replica(fv: flags.FlagValues) -> str | None:
-    kind, alg = fv["distribution_strategy"].value, fv["all_reduce_alg"].value
+    kind = fv["distribution_strategy"].value
     if kind not in _SINGLE_REPLICA:
         return None
     replicas = [n for n in ("num_gpus", "cpu_replicas") if given(fv, n) is not None]
@@ -185,7 +188,7 @@ def _one_replica(fv: flags.FlagValues) -> str | None:
             "(one replica); use mirrored"
         )
     used = [n for n in _COLLECTIVE_ONLY if given(fv, n) is not None]
-    used += ["all_reduce_alg"] if alg != "auto" else []
+    used += ["all_reduce_alg"] if given(fv, "all_reduce_alg") != "auto" else []
     if used:
         return (
             f"--{used[0]} with --distribution_strategy {kind}: one replica has nothing to "

@@ -97,7 +97,7 @@ def strategy_from_flags(
         kind,
         num_gpus=num_gpus,
         cpu_replicas=cpu_replicas,
-        all_reduce=fv["all_reduce_alg"].value,
+        all_reduce=given(fv, "all_reduce_alg"),
         bucket_mb=given(fv, "bucket_mb"),
         timeout_s=given(fv, "collective_timeout"),
     )

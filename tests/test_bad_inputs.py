@@ -166,3 +166,44 @@ def test_launch_notices_are_said_once_per_process(monkeypatch, capsys):
     assert first.startswith("mirrorkit: ") and capsys.readouterr().err == ""
     local_job.plan_cpus(2, False)
     assert capsys.readouterr().err == ""
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda d: d.batch(8).concatenate(d.batch(8)),
+        lambda d: d.batch(8).rebatch(4),
+        lambda d: tf_data().Dataset.zip(
+            (d.map(lambda x, y: x).batch(8), d.map(lambda x, y: y).batch(8))
+        ),
+    ],
+    ids=["concatenate", "rebatch", "zip"],
+)
+def test_batched_data_behind_zip_concatenate_rebatch_is_not_batched_twice(make, capsys):
+    # Before: mk.distribute batched the batches: each replica got (8, 8, 1) for (8, 1), and a
+    # Dense model trained on it without an error.
+    tf = tf_data()
+    x = np.arange(256, dtype="float32").reshape(256, 1)
+    data = make(tf.Dataset.from_tensor_slices((x, 2 * x)))
+    strategy = mk.strategy(cpu_replicas=2)
+    distributed = mk.distribute(data, strategy, global_batch_size=16, shuffle=False)
+    features, _ = next(iter(distributed))
+    shapes = [tuple(t.shape) for t in strategy.experimental_local_results(features)]
+    assert shapes == [(8, 1), (8, 1)]
+
+
+def test_data_that_may_be_batches_is_said(monkeypatch, capsys):
+    # A pipeline that hides how it was made (flat_map) and yields batch-shaped elements.
+    monkeypatch.setattr(chief, "_said", set())
+    tf = tf_data()
+    batches = tf.Dataset.range(64).batch(8).flat_map(lambda b: tf.Dataset.from_tensors(b))
+    mk.distribute(batches, mk.strategy(cpu_replicas=2), global_batch_size=4, shuffle=False)
+    assert "cannot tell whether data is already batched" in capsys.readouterr().err
+    mk.distribute(tf.Dataset.range(64), mk.strategy(cpu_replicas=2), global_batch_size=4)
+    assert "cannot tell" not in capsys.readouterr().err
+
+
+def tf_data():
+    import tensorflow as tf
+
+    return tf.data

@@ -79,6 +79,7 @@ def _said(fn: Callable[[], object]) -> Callable[[], tuple[str, str]]:
             with contextlib.redirect_stderr(err):
                 fn()
         finally:
+            chief._said.clear()  # what the case said stays unsaid for later tests
             chief._said.update(saved)
         return "said", err.getvalue()
 
@@ -164,6 +165,19 @@ def _batched():
     import tensorflow as tf
 
     return tf.data.Dataset.range(64).batch(10)
+
+
+def _zip_of_batches():
+    import tensorflow as tf
+
+    xs, ys = (tf.data.Dataset.range(64).map(lambda i: tf.cast(i, tf.float32)) for _ in range(2))
+    return tf.data.Dataset.zip((xs.batch(10), ys.batch(10)))
+
+
+def _hidden_batches():
+    import tensorflow as tf
+
+    return tf.data.Dataset.range(64).batch(8).flat_map(tf.data.Dataset.from_tensors)
 
 
 def _tfds_not_prepared(tmp: pathlib.Path):
@@ -281,6 +295,8 @@ def _cases(tmp: pathlib.Path) -> dict[str, Callable[[], object]]:
         "data-empty": _distribute(_xy(0)),
         "data-padded-batch": _distribute(_padded()),
         "data-already-batched": _said(_distribute(_batched(), global_batch_size=16)),
+        "data-zip-of-batches": _said(_distribute(_zip_of_batches(), global_batch_size=16)),
+        "data-maybe-batched": _said(_distribute(_hidden_batches(), global_batch_size=16)),
         "data-ragged-lists": _distribute(([[1.0, 2.0], [3.0]], [0.0, 1.0])),
         "data-ragged-object-array": _distribute(
             np.array([np.ones(2), np.ones(3)], dtype=object), global_batch_size=2
@@ -328,12 +344,14 @@ def outcome(fn: Callable[[], object]) -> tuple[str, str]:
 @pytest.fixture(scope="module")
 def cases(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("errors")
-    cwd = os.getcwd()
+    cwd, said = os.getcwd(), set(chief._said)
     os.chdir(tmp)  # the relative paths (missing.json, train.py) resolve here
     try:
         yield _cases(tmp)
     finally:
         os.chdir(cwd)
+        chief._said.clear()  # notices said by these cases stay unsaid for later tests
+        chief._said.update(said)
 
 
 def test_every_row_has_a_case_and_every_case_a_row(cases):

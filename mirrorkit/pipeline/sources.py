@@ -86,8 +86,29 @@ def from_dataset(dataset: tf.data.Dataset, global_batch_size: int) -> Source:
             f"unbatched it and batches it again with global batch size {global_batch_size}",
         )
         dataset = dataset.unbatch()
+    elif _may_be_batches(dataset.element_spec):
+        chief.say_once(
+            "maybe-batched",
+            "mk.distribute cannot tell whether data is already batched (every part of its "
+            "elements has an unknown leading dimension, as batches have, and the pipeline "
+            "hides how it was made: from_generator, flat_map, interleave, ...). It treats each "
+            "element as one example; if each element is a batch, call .unbatch() on the "
+            "dataset first.",
+        )
     count = int(dataset.cardinality())
     return Source(dataset, count if count >= 0 else None)
+
+
+def _may_be_batches(spec: Any) -> bool:
+    """Whether every tensor of an element has an unknown leading dimension, as batches have."""
+    parts = tf.nest.flatten(spec)
+    return bool(parts) and all(
+        isinstance(p, tf.TensorSpec)
+        and p.shape.rank is not None
+        and p.shape.rank >= 1
+        and p.shape[0] is None
+        for p in parts
+    )
 
 
 def _to_tensor(value: Any) -> tf.Tensor | tf.RaggedTensor:

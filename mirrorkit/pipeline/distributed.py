@@ -1,8 +1,12 @@
-"""`mk.distribute`: one call from data to a per-replica distributed dataset."""
+"""`mk.distribute`: one call from data to a per-replica distributed dataset.
+
+This module reads what the caller passed (which kind of data, which options,
+the shared shuffle seed) and hands it to `mirrorkit.pipeline.assemble`,
+which builds the tf.data pipeline for that kind.
+"""
 
 from __future__ import annotations
 
-import math
 import warnings
 from collections.abc import Callable
 from typing import Any
@@ -12,34 +16,8 @@ import tensorflow as tf
 
 from mirrorkit import chief, registry
 from mirrorkit import workers as workers_lib
-from mirrorkit.pipeline import batch_sizes, batched, sources, tfds_source
-
-_SHARD_POLICIES = {
-    "example": tf.data.experimental.AutoShardPolicy.DATA,
-    "file": tf.data.experimental.AutoShardPolicy.FILE,
-    "off": tf.data.experimental.AutoShardPolicy.OFF,
-}
-#: Fewest examples in the shuffle buffer of a streamed (not in-memory) source.
-MIN_SHUFFLE_BUFFER = 1024
-
-
-def streaming_buffer(count: int | None, global_batch_size: int) -> int:
-    """Shuffle buffer of a streamed source: 8 global batches, at least 1,024, at most all.
-
-    In-memory arrays are shuffled whole (their indices move, not the data).
-    A stream (tfds files, a dataset) refills its buffer at every epoch start
-    before the first batch, so a buffer of the whole set would stall each
-    epoch for a full pass of decoding; tfds sources also shuffle their file
-    order every epoch.
-
-    Example:
-    >>> streaming_buffer(50_000, 256)
-    2048
-    >>> streaming_buffer(500, 32)
-    500
-    """
-    buffer = max(MIN_SHUFFLE_BUFFER, 8 * global_batch_size)
-    return buffer if count is None else min(count, buffer)
+from mirrorkit.pipeline import assemble, batch_sizes, sources, tfds_source
+from mirrorkit.pipeline.options import Options
 
 
 def distribute(
@@ -146,7 +124,7 @@ def distribute(
     sizes = batch_sizes.resolve(
         strategy.num_replicas_in_sync, per_replica_batch_size, global_batch_size
     )
-    options = _Options.check(
+    options = Options.check(
         shuffle, drop_remainder, shard, for_eval, cache, prefetch, preprocess, shuffle_buffer_size
     )
     workers = workers_lib.num_workers(strategy)
@@ -155,8 +133,8 @@ def distribute(
         seed = _agreed_seed(strategy, workers) if seed is None else int(seed)
     if tfds_source.is_tfds(data):
         tfds_split = tfds_source.open_split(data, split, data_dir, as_supervised)
-        if _reads_own_files(tfds_split, options, workers):
-            made = _per_worker_tfds(tfds_split, strategy, sizes, options, seed, workers)
+        if assemble.reads_own_files(tfds_split, options, workers):
+            made = assemble.per_worker_tfds(tfds_split, strategy, sizes, options, seed, workers)
             return _say_seed(made, seed, announce)
         if workers > 1:
             chief.say_once(
@@ -178,7 +156,7 @@ def distribute(
     elif sources.is_array_data(data):
         source = sources.from_arrays(data)
     elif callable(data):
-        return _from_function(data, strategy, sizes, options)
+        return assemble.from_function(data, strategy, sizes, options)
     else:
         raise TypeError(
             f"mk.distribute cannot read {_what(data)}. Pass an unbatched "
@@ -186,7 +164,7 @@ def distribute(
             "function fn(input_context) -> tf.data.Dataset, or a tfds name or builder with "
             "split=. (A keras.utils.PyDataset goes to fit() directly.)" + _hint(data)
         )
-    made = _global_pipeline(source, strategy, sizes, options, seed, workers)
+    made = assemble.global_pipeline(source, strategy, sizes, options, seed, workers)
     return _say_seed(made, seed, announce)
 
 
@@ -220,48 +198,6 @@ def _hint(data: Any) -> str:
     return ""
 
 
-class _Options:
-    """The pipeline options after defaults and checks."""
-
-    def __init__(self, **kwargs: Any):
-        self.__dict__.update(kwargs)
-
-    @classmethod
-    def check(
-        cls, shuffle, drop_remainder, shard, for_eval, cache, prefetch, preprocess, buffer
-    ) -> _Options:
-        if shard not in ("auto", *_SHARD_POLICIES):
-            raise ValueError(f"shard must be 'auto', 'file', 'example' or 'off'; got {shard!r}")
-        if drop_remainder not in ("auto", True, False):
-            raise ValueError(
-                f"drop_remainder must be 'auto', True or False; got {drop_remainder!r}"
-            )
-        if for_eval and drop_remainder is True:
-            raise ValueError(
-                "for_eval=True uses every example once; drop_remainder=True would drop some. "
-                "Leave drop_remainder='auto'."
-            )
-        if for_eval and shuffle:
-            raise ValueError(
-                "for_eval=True keeps input order (so predict rows match inputs); shuffle=True "
-                "contradicts it. Leave shuffle unset."
-            )
-        if preprocess is not None and not callable(preprocess):
-            raise TypeError(f"preprocess must be a function of one example; got {preprocess!r}")
-        if buffer is not None and (not isinstance(buffer, int) or buffer < 1):
-            raise ValueError(f"shuffle_buffer_size must be a positive integer; got {buffer!r}")
-        return cls(
-            shuffle=(not for_eval) if shuffle is None else bool(shuffle),
-            drop=(not for_eval) if drop_remainder == "auto" else drop_remainder,
-            shard=shard,
-            for_eval=bool(for_eval),
-            cache=bool(cache),
-            prefetch=bool(prefetch),
-            preprocess=preprocess,
-            buffer=buffer,
-        )
-
-
 def _agreed_seed(strategy: tf.distribute.Strategy, workers: int) -> int:
     """A fresh random seed, the chief's, shared with every worker by one collective."""
     seed = int(np.random.default_rng().integers(2**31 - 1))
@@ -277,182 +213,3 @@ def _say_seed(made: Any, seed: int | None, announce: bool) -> Any:
     return made
 
 
-def _global_pipeline(
-    source: sources.Source,
-    strategy: tf.distribute.Strategy,
-    sizes: batch_sizes.BatchSizes,
-    options: _Options,
-    seed: int | None,
-    workers: int,
-) -> tf.distribute.DistributedDataset:
-    """One pipeline of global batches; TensorFlow gives each worker and replica its part."""
-    count = source.num_examples
-    size = sizes.global_batch_size
-    if not options.for_eval and count is not None and count < size:
-        raise ValueError(
-            f"The training data has {count} examples, fewer than one global batch of {size} "
-            f"({sizes.per_replica_batch_size} per replica x {sizes.num_replicas} replicas), so "
-            "an epoch would have no step. Use a smaller batch size or more data, or pass "
-            "for_eval=True for evaluation data."
-        )
-    dataset = source.dataset
-    if source.read is not None and options.preprocess is None and not options.cache:
-        # In-memory arrays: shuffle and batch indices, then gather whole batches.
-        if options.shuffle:
-            dataset = dataset.shuffle(count, seed=seed, reshuffle_each_iteration=True)
-        dataset = dataset.batch(size, drop_remainder=options.drop)
-        dataset = dataset.map(source.read, num_parallel_calls=tf.data.AUTOTUNE)
-    else:
-        if source.read is not None:
-            dataset = dataset.map(source.read, num_parallel_calls=tf.data.AUTOTUNE)
-        if options.cache:
-            dataset = dataset.cache()
-        if options.shuffle:
-            buffer = options.buffer or streaming_buffer(count, size)
-            dataset = dataset.shuffle(buffer, seed=seed, reshuffle_each_iteration=True)
-        if options.preprocess is not None:
-            dataset = dataset.map(options.preprocess, num_parallel_calls=tf.data.AUTOTUNE)
-        dataset = dataset.batch(size, drop_remainder=options.drop)
-    if options.prefetch:
-        dataset = dataset.prefetch(tf.data.AUTOTUNE)
-    shard = "example" if options.shard == "auto" else options.shard
-    tf_options = tf.data.Options()
-    tf_options.experimental_distribute.auto_shard_policy = _SHARD_POLICIES[shard]
-    if workers > 1:
-        chief.say_once(
-            f"shard-{shard}",
-            f"input split among {workers} workers by {shard}"
-            + (" (every worker reads all of it)" if shard == "example" else ""),
-        )
-    distributed = strategy.experimental_distribute_dataset(dataset.with_options(tf_options))
-    steps = None
-    dropped = 0
-    if count is not None:
-        steps = count // size if options.drop else math.ceil(count / size)
-        dropped = count - steps * size if options.drop else 0
-    if options.drop:
-        _say_dropped(dropped, count, size)
-    return _describe(distributed, sizes, count, steps, dropped)
-
-
-def _reads_own_files(split: tfds_source.TfdsSplit, options: _Options, workers: int) -> bool:
-    if workers < 2 or options.for_eval or not options.drop:
-        return False
-    if options.shard == "file" and split.num_files < workers:
-        raise ValueError(
-            f"shard='file' needs at least one file per worker, but "
-            f"{split.builder.name}[{split.split}] has {split.num_files} files for {workers} "
-            "workers. Use shard='example' (every worker reads all and keeps its share)."
-        )
-    return options.shard in ("auto", "file") and split.num_files >= workers
-
-
-def _per_worker_tfds(
-    split: tfds_source.TfdsSplit,
-    strategy: tf.distribute.Strategy,
-    sizes: batch_sizes.BatchSizes,
-    options: _Options,
-    seed: int | None,
-    workers: int,
-) -> tf.distribute.DistributedDataset:
-    """Each worker reads its own files; every worker runs the same number of steps."""
-    local_replicas = sizes.num_replicas // workers
-    per_worker_batch = sizes.per_replica_batch_size * local_replicas
-    counts = split.examples_per_pipeline(workers)
-    steps = min(count // per_worker_batch for count in counts)
-    if steps == 0:
-        raise ValueError(
-            f"{split.builder.name}[{split.split}] gives the workers {counts} examples, and one "
-            f"worker has fewer than its share of one global batch ({per_worker_batch}); an "
-            "epoch would have no step. Use a smaller batch size."
-        )
-    dropped = split.num_examples - steps * sizes.global_batch_size
-    chief.say_once(
-        "shard-file",
-        f"each of {workers} workers reads its own files of {split.builder.name}[{split.split}] "
-        f"({split.num_files} files; {counts} examples); every worker runs {steps} steps an epoch",
-    )
-    _say_dropped(dropped, split.num_examples, sizes.global_batch_size)
-
-    def worker_pipeline(context: tf.distribute.InputContext) -> tf.data.Dataset:
-        dataset = split.read(context, shuffle_files=options.shuffle, seed=seed)
-        if options.cache:
-            dataset = dataset.cache()
-        if options.shuffle:
-            buffer = options.buffer or streaming_buffer(
-                counts[context.input_pipeline_id], sizes.global_batch_size
-            )
-            worker_seed = None if seed is None else seed + context.input_pipeline_id
-            dataset = dataset.shuffle(buffer, seed=worker_seed, reshuffle_each_iteration=True)
-        if options.preprocess is not None:
-            dataset = dataset.map(options.preprocess, num_parallel_calls=tf.data.AUTOTUNE)
-        dataset = dataset.batch(sizes.per_replica_batch_size, drop_remainder=True)
-        dataset = dataset.take(steps * local_replicas)
-        return dataset.prefetch(tf.data.AUTOTUNE) if options.prefetch else dataset
-
-    distributed = strategy.distribute_datasets_from_function(worker_pipeline)
-    return _describe(distributed, sizes, split.num_examples, steps, dropped)
-
-
-def _from_function(
-    fn: Callable[[tf.distribute.InputContext], tf.data.Dataset],
-    strategy: tf.distribute.Strategy,
-    sizes: batch_sizes.BatchSizes,
-    options: _Options,
-) -> tf.distribute.DistributedDataset:
-    """Runs the user's per-worker pipeline function, batching or checking its batches."""
-
-    def worker_pipeline(context: tf.distribute.InputContext) -> tf.data.Dataset:
-        dataset = fn(context)
-        if not isinstance(dataset, tf.data.Dataset):
-            raise TypeError(
-                f"The input function {getattr(fn, '__name__', fn)!r} returned "
-                f"{type(dataset).__name__}; it must return a tf.data.Dataset."
-            )
-        per_replica = context.get_per_replica_batch_size(sizes.global_batch_size)
-        found = batched.find(dataset)
-        if found is None:
-            dataset = dataset.batch(per_replica, drop_remainder=options.drop)
-        elif found.batch_size is not None and found.batch_size != per_replica:
-            raise ValueError(
-                f"The input function {getattr(fn, '__name__', fn)!r} returned batches of "
-                f"{found.batch_size} examples, but each replica takes {per_replica} (global "
-                f"batch {sizes.global_batch_size} over {sizes.num_replicas} replicas). Batch "
-                "with input_context.get_per_replica_batch_size(global_batch_size), or return "
-                "unbatched examples and let mk.distribute batch them."
-            )
-        return dataset.prefetch(tf.data.AUTOTUNE) if options.prefetch else dataset
-
-    distributed = strategy.distribute_datasets_from_function(worker_pipeline)
-    return _describe(distributed, sizes, None, None, 0)
-
-
-def _say_dropped(dropped: int, count: int | None, global_batch_size: int) -> None:
-    if count is None:
-        chief.say_once(
-            "dropped-unknown",
-            f"drop_remainder: a last partial global batch (under {global_batch_size} examples), "
-            "if any, is dropped each epoch; drop_remainder=False keeps it",
-        )
-    elif dropped:
-        chief.say_once(
-            f"dropped-{dropped}-{count}",
-            f"each epoch uses {count - dropped} of {count} examples: the last {dropped} do not "
-            f"fill a global batch of {global_batch_size} and are dropped (a different {dropped} "
-            "each epoch when shuffled); drop_remainder=False keeps them in a smaller last batch",
-        )
-
-
-def _describe(
-    distributed: tf.distribute.DistributedDataset,
-    sizes: batch_sizes.BatchSizes,
-    count: int | None,
-    steps: int | None,
-    dropped: int,
-) -> tf.distribute.DistributedDataset:
-    distributed.global_batch_size = sizes.global_batch_size
-    distributed.per_replica_batch_size = sizes.per_replica_batch_size
-    distributed.num_examples = count
-    distributed.steps_per_epoch = steps
-    distributed.dropped_per_epoch = dropped
-    return distributed

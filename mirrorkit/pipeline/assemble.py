@@ -1,0 +1,227 @@
+"""How `mk.distribute` assembles each kind of tf.data pipeline, and what it says about it.
+
+Three shapes: one pipeline of global batches that TensorFlow splits among
+workers and replicas (`global_pipeline`), tfds files read by each worker on
+its own (`per_worker_tfds`), and the user's per-worker function
+(`from_function`). Each returns TensorFlow's own distributed dataset with
+the batch sizes and epoch length set on it (`describe`).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import tensorflow as tf
+
+from mirrorkit import chief
+from mirrorkit.pipeline import batch_sizes, batched, sources, tfds_source
+from mirrorkit.pipeline.options import SHARD_POLICIES, Options
+
+#: Fewest examples in the shuffle buffer of a streamed (not in-memory) source.
+MIN_SHUFFLE_BUFFER = 1024
+
+
+def streaming_buffer(count: int | None, global_batch_size: int) -> int:
+    """Shuffle buffer of a streamed source: 8 global batches, at least 1,024, at most all.
+
+    In-memory arrays are shuffled whole (their indices move, not the data).
+    A stream (tfds files, a dataset) refills its buffer at every epoch start
+    before the first batch, so a buffer of the whole set would stall each
+    epoch for a full pass of decoding; tfds sources also shuffle their file
+    order every epoch.
+
+    Example:
+    ```python
+    from mirrorkit.pipeline.assemble import streaming_buffer
+
+    assert streaming_buffer(50_000, 256) == 2048  # 8 global batches
+    assert streaming_buffer(500, 32) == 500  # never more than the whole set
+    ```
+    """
+    buffer = max(MIN_SHUFFLE_BUFFER, 8 * global_batch_size)
+    return buffer if count is None else min(count, buffer)
+
+
+def global_pipeline(
+    source: sources.Source,
+    strategy: tf.distribute.Strategy,
+    sizes: batch_sizes.BatchSizes,
+    options: Options,
+    seed: int | None,
+    workers: int,
+) -> tf.distribute.DistributedDataset:
+    """One pipeline of global batches; TensorFlow gives each worker and replica its part."""
+    count = source.num_examples
+    size = sizes.global_batch_size
+    if not options.for_eval and count is not None and count < size:
+        raise ValueError(
+            f"The training data has {count} examples, fewer than one global batch of {size} "
+            f"({sizes.per_replica_batch_size} per replica x {sizes.num_replicas} replicas), so "
+            "an epoch would have no step. Use a smaller batch size or more data, or pass "
+            "for_eval=True for evaluation data."
+        )
+    dataset = source.dataset
+    if source.read is not None and options.preprocess is None and not options.cache:
+        # In-memory arrays: shuffle and batch indices, then gather whole batches.
+        if options.shuffle:
+            dataset = dataset.shuffle(count, seed=seed, reshuffle_each_iteration=True)
+        dataset = dataset.batch(size, drop_remainder=options.drop)
+        dataset = dataset.map(source.read, num_parallel_calls=tf.data.AUTOTUNE)
+    else:
+        if source.read is not None:
+            dataset = dataset.map(source.read, num_parallel_calls=tf.data.AUTOTUNE)
+        if options.cache:
+            dataset = dataset.cache()
+        if options.shuffle:
+            buffer = options.buffer or streaming_buffer(count, size)
+            dataset = dataset.shuffle(buffer, seed=seed, reshuffle_each_iteration=True)
+        if options.preprocess is not None:
+            dataset = dataset.map(options.preprocess, num_parallel_calls=tf.data.AUTOTUNE)
+        dataset = dataset.batch(size, drop_remainder=options.drop)
+    if options.prefetch:
+        dataset = dataset.prefetch(tf.data.AUTOTUNE)
+    shard = "example" if options.shard == "auto" else options.shard
+    tf_options = tf.data.Options()
+    tf_options.experimental_distribute.auto_shard_policy = SHARD_POLICIES[shard]
+    if workers > 1:
+        chief.say_once(
+            f"shard-{shard}",
+            f"input split among {workers} workers by {shard}"
+            + (" (every worker reads all of it)" if shard == "example" else ""),
+        )
+    distributed = strategy.experimental_distribute_dataset(dataset.with_options(tf_options))
+    steps = None
+    dropped = 0
+    if count is not None:
+        steps = count // size if options.drop else math.ceil(count / size)
+        dropped = count - steps * size if options.drop else 0
+    if options.drop:
+        say_dropped(dropped, count, size)
+    return describe(distributed, sizes, count, steps, dropped)
+
+
+def reads_own_files(split: tfds_source.TfdsSplit, options: Options, workers: int) -> bool:
+    """Whether each worker reads its own files of a tfds split (training, files to go round)."""
+    if workers < 2 or options.for_eval or not options.drop:
+        return False
+    if options.shard == "file" and split.num_files < workers:
+        raise ValueError(
+            f"shard='file' needs at least one file per worker, but "
+            f"{split.builder.name}[{split.split}] has {split.num_files} files for {workers} "
+            "workers. Use shard='example' (every worker reads all and keeps its share)."
+        )
+    return options.shard in ("auto", "file") and split.num_files >= workers
+
+
+def per_worker_tfds(
+    split: tfds_source.TfdsSplit,
+    strategy: tf.distribute.Strategy,
+    sizes: batch_sizes.BatchSizes,
+    options: Options,
+    seed: int | None,
+    workers: int,
+) -> tf.distribute.DistributedDataset:
+    """Each worker reads its own files; every worker runs the same number of steps."""
+    local_replicas = sizes.num_replicas // workers
+    per_worker_batch = sizes.per_replica_batch_size * local_replicas
+    counts = split.examples_per_pipeline(workers)
+    steps = min(count // per_worker_batch for count in counts)
+    if steps == 0:
+        raise ValueError(
+            f"{split.builder.name}[{split.split}] gives the workers {counts} examples, and one "
+            f"worker has fewer than its share of one global batch ({per_worker_batch}); an "
+            "epoch would have no step. Use a smaller batch size."
+        )
+    dropped = split.num_examples - steps * sizes.global_batch_size
+    chief.say_once(
+        "shard-file",
+        f"each of {workers} workers reads its own files of {split.builder.name}[{split.split}] "
+        f"({split.num_files} files; {counts} examples); every worker runs {steps} steps an epoch",
+    )
+    say_dropped(dropped, split.num_examples, sizes.global_batch_size)
+
+    def worker_pipeline(context: tf.distribute.InputContext) -> tf.data.Dataset:
+        dataset = split.read(context, shuffle_files=options.shuffle, seed=seed)
+        if options.cache:
+            dataset = dataset.cache()
+        if options.shuffle:
+            buffer = options.buffer or streaming_buffer(
+                counts[context.input_pipeline_id], sizes.global_batch_size
+            )
+            worker_seed = None if seed is None else seed + context.input_pipeline_id
+            dataset = dataset.shuffle(buffer, seed=worker_seed, reshuffle_each_iteration=True)
+        if options.preprocess is not None:
+            dataset = dataset.map(options.preprocess, num_parallel_calls=tf.data.AUTOTUNE)
+        dataset = dataset.batch(sizes.per_replica_batch_size, drop_remainder=True)
+        dataset = dataset.take(steps * local_replicas)
+        return dataset.prefetch(tf.data.AUTOTUNE) if options.prefetch else dataset
+
+    distributed = strategy.distribute_datasets_from_function(worker_pipeline)
+    return describe(distributed, sizes, split.num_examples, steps, dropped)
+
+
+def from_function(
+    fn: Callable[[tf.distribute.InputContext], tf.data.Dataset],
+    strategy: tf.distribute.Strategy,
+    sizes: batch_sizes.BatchSizes,
+    options: Options,
+) -> tf.distribute.DistributedDataset:
+    """Runs the user's per-worker pipeline function, batching or checking its batches."""
+
+    def worker_pipeline(context: tf.distribute.InputContext) -> tf.data.Dataset:
+        dataset = fn(context)
+        if not isinstance(dataset, tf.data.Dataset):
+            raise TypeError(
+                f"The input function {getattr(fn, '__name__', fn)!r} returned "
+                f"{type(dataset).__name__}; it must return a tf.data.Dataset."
+            )
+        per_replica = context.get_per_replica_batch_size(sizes.global_batch_size)
+        found = batched.find(dataset)
+        if found is None:
+            dataset = dataset.batch(per_replica, drop_remainder=options.drop)
+        elif found.batch_size is not None and found.batch_size != per_replica:
+            raise ValueError(
+                f"The input function {getattr(fn, '__name__', fn)!r} returned batches of "
+                f"{found.batch_size} examples, but each replica takes {per_replica} (global "
+                f"batch {sizes.global_batch_size} over {sizes.num_replicas} replicas). Batch "
+                "with input_context.get_per_replica_batch_size(global_batch_size), or return "
+                "unbatched examples and let mk.distribute batch them."
+            )
+        return dataset.prefetch(tf.data.AUTOTUNE) if options.prefetch else dataset
+
+    distributed = strategy.distribute_datasets_from_function(worker_pipeline)
+    return describe(distributed, sizes, None, None, 0)
+
+
+def say_dropped(dropped: int, count: int | None, global_batch_size: int) -> None:
+    """Says once, on the chief, how many examples an epoch drops to keep whole batches."""
+    if count is None:
+        chief.say_once(
+            "dropped-unknown",
+            f"drop_remainder: a last partial global batch (under {global_batch_size} examples), "
+            "if any, is dropped each epoch; drop_remainder=False keeps it",
+        )
+    elif dropped:
+        chief.say_once(
+            f"dropped-{dropped}-{count}",
+            f"each epoch uses {count - dropped} of {count} examples: the last {dropped} do not "
+            f"fill a global batch of {global_batch_size} and are dropped (a different {dropped} "
+            "each epoch when shuffled); drop_remainder=False keeps them in a smaller last batch",
+        )
+
+
+def describe(
+    distributed: tf.distribute.DistributedDataset,
+    sizes: batch_sizes.BatchSizes,
+    count: int | None,
+    steps: int | None,
+    dropped: int,
+) -> tf.distribute.DistributedDataset:
+    """Sets the batch sizes and epoch length on TensorFlow's distributed dataset; returns it."""
+    distributed.global_batch_size = sizes.global_batch_size
+    distributed.per_replica_batch_size = sizes.per_replica_batch_size
+    distributed.num_examples = count
+    distributed.steps_per_epoch = steps
+    distributed.dropped_per_epoch = dropped
+    return distributed

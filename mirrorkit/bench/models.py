@@ -1,7 +1,8 @@
 """The benchmark models and their synthetic inputs.
 
-Each model takes inputs that `synthetic_batch` makes on the device, so the
-input pipeline never limits the measured throughput.
+Each model trains on one `synthetic_example` repeated from memory (the
+benchmark's pipeline batches it per replica), so the input pipeline never
+limits the measured throughput.
 """
 
 from __future__ import annotations
@@ -136,9 +137,3 @@ def synthetic_example(spec: BenchModel, seed: int = 0) -> tuple[tf.Tensor, tf.Te
         x = tf.random.stateless_normal(spec.input_shape, (seed, 1))
     return x, tf.constant(seed % NUM_CLASSES, tf.int32)
 
-
-def synthetic_batches(spec: BenchModel, batch_size: int) -> tf.data.Dataset:
-    """An endless dataset repeating one batch that already sits in memory."""
-    x, y = synthetic_example(spec)
-    batch = (tf.stack([x] * batch_size), tf.fill([batch_size], y))
-    return tf.data.Dataset.from_tensors(batch).repeat()

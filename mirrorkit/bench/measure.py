@@ -6,13 +6,14 @@ returns plain numbers; `mirrorkit.bench.sweep` starts the processes.
 
 from __future__ import annotations
 
-import os
 import statistics
 import time
 from typing import Any
 
 import keras
 import numpy as np
+
+from mirrorkit import cluster
 
 #: All-reduce message sizes in bytes: 4 KB to 64 MB, by factors of 4.
 ALLREDUCE_SIZES = tuple(4096 * 4**i for i in range(8))
@@ -39,7 +40,8 @@ def _strategy(replicas: int, raw: bool, bucket_mb: float | None = None):
 
     import mirrorkit as mk
 
-    multi_worker = bool(os.environ.get("TF_CONFIG"))
+    # A one-worker job's TF_CONFIG (the sweep's launcher writes one) names no peers.
+    multi_worker = cluster.from_environment().is_multi_worker
     if raw:
         if multi_worker:
             return tf.distribute.MultiWorkerMirroredStrategy()

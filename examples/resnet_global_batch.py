@@ -1,4 +1,4 @@
-"""ResNet on a global batch: 8 replicas x 32 examples = 256, bucketed gradients, scaled learning rate.
+"""ResNet on a global batch: 8 replicas x 32 = 256, bucketed gradients, learning rate scaled.
 
 What it shows: the classic large-batch recipe (Goyal et al., 2017, "Accurate,
 Large Minibatch SGD"). Each of 8 replicas takes 32 examples per step, so one

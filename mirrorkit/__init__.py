@@ -35,6 +35,8 @@ _PUBLIC = {
     "ThroughputReport": "mirrorkit.throughput.report",
     "scale_learning_rate": "mirrorkit.scale.lr",
     "WarmUp": "mirrorkit.scale.lr",
+    "check_equivalence": "mirrorkit.scale.equivalence",
+    "EquivalenceReport": "mirrorkit.scale.equivalence_report",
     "flags": "mirrorkit.flags",
 }
 

@@ -36,17 +36,22 @@ def unsynchronized_batch_norm(model: keras.Model) -> list[str]:
     unsynchronized_batch_norm(model)  # ["batch_normalization"]
     ```
     """
+    return [
+        layer.name
+        for layer in all_layers(model)
+        if isinstance(layer, keras.layers.BatchNormalization) and not layer.synchronized
+    ]
+
+
+def all_layers(model: keras.Model) -> list[keras.layers.Layer]:
+    """Every layer inside `model`, nested models' layers included, in order."""
     flatten = internals.require(
         model,
         "_flatten_layers",
         name="keras Layer._flatten_layers",
-        used_for="finding BatchNormalization layers inside nested models",
+        used_for="finding layers inside nested models",
     )
-    return [
-        layer.name
-        for layer in flatten(include_self=False, recursive=True)
-        if isinstance(layer, keras.layers.BatchNormalization) and not layer.synchronized
-    ]
+    return list(flatten(include_self=False, recursive=True))
 
 
 def check(model: keras.Model, strategy: tf.distribute.Strategy) -> list[str]:

@@ -1,0 +1,148 @@
+"""`mk.check_equivalence`: a clean model passes; each recognised cause is named when planted."""
+
+from __future__ import annotations
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import mirrorkit as mk
+from mirrorkit.scale import suspects
+
+rng = np.random.default_rng(0)
+X = rng.random((64, 6)).astype("float32")
+Y = rng.random((64, 1)).astype("float32")
+CHECK = dict(replicas=(1, 2), steps=3, batch_size=16)
+
+
+def _layers(*middle):
+    return [
+        keras.Input((6,)),
+        keras.layers.Dense(4, activation="tanh"),
+        *middle,
+        keras.layers.Dense(1),
+    ]
+
+
+def clean_model():
+    model = keras.Sequential(_layers())
+    model.compile(optimizer=keras.optimizers.SGD(0.1), loss="mse")
+    return model
+
+
+def batch_norm_model():
+    model = keras.Sequential(_layers(keras.layers.BatchNormalization()))
+    model.compile(optimizer=keras.optimizers.SGD(0.1), loss="mse")
+    return model
+
+
+def summed_loss_model():
+    model = keras.Sequential(_layers())
+    model.compile(
+        optimizer=keras.optimizers.SGD(0.1), loss=keras.losses.MeanSquaredError(reduction="sum")
+    )
+    return model
+
+
+def dropout_model():
+    model = keras.Sequential(_layers(keras.layers.Dropout(0.5)))
+    model.compile(optimizer=keras.optimizers.SGD(0.1), loss="mse")
+    return model
+
+
+class SummingStep(keras.Sequential):
+    """Averages over its own replica's batch, so the all-reduce sums the replicas' averages."""
+
+    def train_step(self, data):
+        x, y = data
+        with tf.GradientTape() as tape:
+            loss = keras.ops.mean(keras.ops.square(self(x, training=True) - y))
+        grads = tape.gradient(loss, self.trainable_variables)
+        self.optimizer.apply(grads, self.trainable_variables)
+        return {"loss": loss}
+
+
+def custom_step_model():
+    model = SummingStep(_layers())
+    model.compile(optimizer=keras.optimizers.SGD(0.1), loss="mse")
+    return model
+
+
+class UnseededNoise(keras.layers.Layer):
+    def call(self, x, training=None):
+        return x + tf.random.uniform(tf.shape(x), maxval=0.1)  # no seed: differs every run
+
+
+def noisy_model():
+    model = keras.Sequential(_layers(UnseededNoise()))
+    model.compile(optimizer=keras.optimizers.SGD(0.1), loss="mse")
+    return model
+
+
+def _suspects(model_fn):
+    with mk.strategy(cpu_replicas=2).scope():
+        return suspects.describe(suspects.find(model_fn()))
+
+
+@pytest.mark.parametrize(
+    "model_fn, named",
+    [
+        (clean_model, None),
+        (batch_norm_model, "BatchNormalization(synchronized=True)"),
+        (summed_loss_model, "reduction='sum'"),
+        (dropout_model, "random layers: dropout (Dropout)"),
+        (custom_step_model, "custom train_step (SummingStep.train_step)"),
+    ],
+)
+def test_each_suspect_is_recognised(model_fn, named):
+    found = _suspects(model_fn)
+    if named is None:
+        assert found == []
+    else:
+        assert len(found) == 1 and named in found[0]
+
+
+@pytest.mark.slow
+def test_a_clean_model_passes():
+    report = mk.check_equivalence(clean_model, (X, Y), **CHECK)
+    assert report.passed, str(report)
+    assert report.largest(2) < 1e-5 and report.causes == []
+    assert len(report.differences[2]) == 2  # the two Dense layers
+    assert "equivalence PASSED" in str(report) and "PASSED" in report._repr_html_()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "model_fn, named",
+    [
+        (batch_norm_model, "batch norm without synchronisation"),
+        (noisy_model, "non-deterministic or unseeded random ops"),
+    ],
+)
+def test_a_planted_cause_fails_and_is_named(model_fn, named):
+    report = mk.check_equivalence(model_fn, (X, Y), **CHECK)
+    assert not report.passed
+    assert any(named in cause for cause in report.causes), str(report)
+    assert "equivalence FAILED" in str(report) and named in str(report)
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        (dict(model_fn=clean_model()), "Pass make_model, not make_model()"),
+        (dict(data=X), r"data must be an \(x, y\) tuple"),
+        (dict(data=(X, Y[:10])), "same number of examples"),
+        (dict(replicas=(2,)), "at least two different positive replica counts"),
+        (dict(replicas=(1, 1)), "at least two different positive replica counts"),
+        (dict(replicas=(1, 3)), r"batch_size=16 does not split evenly over \[3\] replicas"),
+        (dict(steps=0), "steps must be a positive integer"),
+        (dict(tolerance=0), "tolerance must be a positive number"),
+        (dict(data=(X[:8], Y[:8])), "fewer examples than one global batch of 16"),
+    ],
+)
+def test_bad_arguments_say_what_was_wrong(kwargs, message):
+    args = dict(model_fn=clean_model, data=(X, Y), **CHECK)
+    args.update(kwargs)
+    with pytest.raises(ValueError, match=message):
+        mk.check_equivalence(**args)

@@ -13,6 +13,7 @@ pairs it was tested on and the test that reproduces it.
 | ``symbolic_build`` | keras#20585, #19246 | multi-worker ``fit``/``evaluate``; a first batch smaller than the replica count; string inputs |
 | ``multi_worker_reduce`` | keras#20585 | multi-worker losses and metrics (``axis=0`` on scalars) |
 | ``step_function`` | keras#21366, tensorflow#56423 | ``steps_per_execution > 1`` and ``jit_compile=True`` with several replicas |
+| ``gradient_accumulation`` | none found (``docs/compat.md``) | optimizer ``gradient_accumulation_steps`` with several replicas |
 | ``chief_backup_*``, ``chief_checkpoint_save`` | none found (``docs/compat.md``) | ``BackupAndRestore``/``ModelCheckpoint`` written by every worker |
 | optimizer state built by `mk.build` | keras#23085 | custom ``tf.function`` loops with Adam under a strategy |
 """  # noqa: E501
@@ -30,7 +31,7 @@ from mirrorkit.compat import (
     step_function,
     symbolic_build,
 )
-from mirrorkit.compat._repair import Repair
+from mirrorkit.compat._repair import Repair, spans_replicas
 
 REPAIRS: tuple[Repair, ...] = (
     symbolic_build.REPAIR,
@@ -103,9 +104,7 @@ def prepare_model(model: keras.Model, strategy: tf.distribute.Strategy) -> None:
     optimizer = getattr(model, "optimizer", None)
     if optimizer is None or getattr(optimizer, "built", True) or not model.built:
         return
-    if strategy.num_replicas_in_sync > 1 or isinstance(
-        strategy, tf.distribute.MultiWorkerMirroredStrategy
-    ):
+    if spans_replicas(strategy):
         optimizer.build(model.trainable_variables)
 
 

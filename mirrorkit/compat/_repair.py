@@ -7,16 +7,12 @@ import importlib
 from collections.abc import Callable
 from typing import Any
 
-from mirrorkit import internals
+from mirrorkit import internals, workers
 
 
 def spans_replicas(strategy: Any) -> bool:
     """Whether `strategy` runs more than one replica or spans several workers."""
-    import tensorflow as tf
-
-    return strategy.num_replicas_in_sync > 1 or isinstance(
-        strategy, tf.distribute.MultiWorkerMirroredStrategy
-    )
+    return strategy.num_replicas_in_sync > 1 or workers.is_multi_worker(strategy)
 
 
 @dataclasses.dataclass

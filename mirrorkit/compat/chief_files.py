@@ -22,9 +22,7 @@ from __future__ import annotations
 
 import functools
 
-import tensorflow as tf
-
-from mirrorkit import chief
+from mirrorkit import chief, workers
 from mirrorkit.compat._repair import Repair
 
 _MODULE_BACKUP = "keras.src.callbacks.backup_and_restore"
@@ -42,10 +40,6 @@ def _on_chief_only(original):
     return chief_only
 
 
-def _multi_worker(strategy) -> bool:
-    return isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy)
-
-
 def _repair(name: str, module: str, target: str) -> Repair:
     return Repair(
         name=name,
@@ -53,7 +47,7 @@ def _repair(name: str, module: str, target: str) -> Repair:
         module=module,
         target=target,
         replacement=_on_chief_only,
-        applies_to=_multi_worker,
+        applies_to=workers.is_multi_worker,
     )
 
 

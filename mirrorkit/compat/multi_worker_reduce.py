@@ -24,7 +24,7 @@ import keras
 import tensorflow as tf
 from keras.src.backend.tensorflow import trainer
 
-from mirrorkit import internals
+from mirrorkit import internals, workers
 from mirrorkit.compat._repair import Repair
 
 #: Strategy attribute: average per-step logs over this worker's replicas only.
@@ -62,5 +62,5 @@ REPAIR = Repair(
     module="keras.src.backend.tensorflow.trainer",
     target="reduce_per_replica",
     replacement=_replacement,
-    applies_to=lambda strategy: isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy),
+    applies_to=workers.is_multi_worker,
 )

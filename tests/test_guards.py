@@ -207,3 +207,28 @@ def test_two_workers_nan_on_worker_1_stops_both_at_step_7(tmp_path):
     for got, want in zip(model.get_weights(), results[0]["last"], strict=True):
         assert np.isfinite(got).all()
         np.testing.assert_array_equal(got, want)
+
+
+def test_a_gradient_alone_non_finite_is_caught_and_named():
+    # sqrt(|error|) at error 0: the loss is 0 (finite), its gradient is not.
+    import keras
+    import tensorflow as tf
+
+    def make():
+        model = keras.Sequential(
+            [keras.Input((3,)), keras.layers.Dense(1, kernel_initializer="zeros")]
+        )
+        model.compile(optimizer="sgd", loss=lambda t, p: tf.reduce_mean(tf.sqrt(tf.abs(t - p))))
+        return model
+
+    strategy = mk.strategy(cpu_replicas=2)
+    model = mk.build(make, strategy)
+    x = np.ones((16, 3), "float32")
+    y = np.ones((16, 1), "float32")
+    x[4:8], y[4:8] = 0.0, 0.0  # step 0, replica 1: prediction 0 == target 0
+    data = tf.data.Dataset.from_tensor_slices((x, y)).batch(8)
+    with pytest.raises(mk.callbacks.NonFiniteError) as caught:
+        model.fit(data, epochs=1, verbose=0, callbacks=[mk.callbacks.NaNGuard()])
+    assert caught.value.step == 0
+    assert caught.value.what == {1: "gradient"}
+    assert "non-finite gradient at step 0" in str(caught.value)

@@ -47,8 +47,9 @@ class ReplicaSyncCheck(keras.callbacks.Callback):
     replica differs from replica 0's, the replica and worker, and by how much.
 
     The cost of each check (wall time, including its all-reduce) is measured:
-    ``costs_s`` holds every check's seconds, and at the end of training the
-    chief says the count and the median.
+    ``costs_s`` holds every check's seconds (the first also traces the check,
+    once per ``fit``), and at the end of training the chief says the count and
+    the median.
 
     Args:
         every_n_steps: check after every this many training steps (from the

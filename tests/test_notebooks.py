@@ -1,0 +1,66 @@
+"""The notebooks in notebooks/ run top to bottom in a real Jupyter kernel and render.
+
+Each is executed with nbclient in a fresh kernel of this interpreter (as
+tests/test_notebook.py does); the executed outputs must hold an HTML table and
+a PNG image, and no error.
+"""
+
+import os
+
+import nbformat
+import pytest
+from nbclient import NotebookClient
+
+pytestmark = pytest.mark.slow
+
+NOTEBOOKS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "notebooks")
+NAMES = [
+    "01_quickstart.ipynb",
+    "02_scaling.ipynb",
+    "03_multiworker_from_a_notebook.ipynb",
+]
+
+
+def test_every_notebook_is_tested():
+    assert sorted(n for n in os.listdir(NOTEBOOKS) if n.endswith(".ipynb")) == NAMES
+
+
+def _outputs(notebook):
+    return [output for cell in notebook.cells for output in cell.get("outputs", [])]
+
+
+def _text(outputs):
+    return "".join(o.get("text", "") for o in outputs if o.get("output_type") == "stream")
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_stored_outputs_show_tables_and_plots(name):
+    """The notebooks in git keep a real run's outputs, so a reader sees them without running."""
+    outputs = _outputs(nbformat.read(os.path.join(NOTEBOOKS, name), as_version=4))
+    data = [o.get("data", {}) for o in outputs]
+    assert any("<table" in d.get("text/html", "") for d in data)
+    assert any("image/png" in d for d in data)
+    assert not [o for o in outputs if o.get("output_type") == "error"]
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_notebook_executes_and_renders(name, tmp_path):
+    notebook = nbformat.read(os.path.join(NOTEBOOKS, name), as_version=4)
+    for cell in notebook.cells:
+        if cell.cell_type == "code":
+            cell.outputs = []
+    NotebookClient(
+        notebook,
+        timeout=600,
+        kernel_name="python3",
+        resources={"metadata": {"path": str(tmp_path)}},
+    ).execute()
+    outputs = _outputs(notebook)
+    errors = [o for o in outputs if o.get("output_type") == "error"]
+    assert not errors, [f"{e['ename']}: {e['evalue']}" for e in errors]
+    data = [o.get("data", {}) for o in outputs]
+    assert any("<table" in d.get("text/html", "") for d in data), "no HTML table rendered"
+    assert any("image/png" in d for d in data), "no plot rendered"
+    text = _text(outputs)
+    assert "INFO:tensorflow" not in text  # mk.strategy keeps TensorFlow's notebook INFO quiet
+    assert "[w0] WARNING: All log messages before absl" not in text  # launch drops them

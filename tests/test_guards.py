@@ -102,11 +102,11 @@ def test_clean_run_trains_like_without_guard():
     ):
         model = mk.build(_model, strategy)
         data = tf.data.Dataset.from_tensor_slices((x, y)).batch(2 * PER_REPLICA)
-        model.fit(data, epochs=2, verbose=0, callbacks=callbacks)
+        model.fit(data, epochs=1, verbose=0, callbacks=callbacks)
         results.append(model.get_weights())
     for got, want in zip(results[1], results[0], strict=True):
         np.testing.assert_array_equal(got, want)
-    assert len(callbacks[1].costs_s) == 8  # 24 steps / 3
+    assert len(callbacks[1].costs_s) == 4  # 12 steps / 3
     assert all(cost > 0 for cost in callbacks[1].costs_s)
 
 

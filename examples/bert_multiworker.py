@@ -38,11 +38,11 @@ import mirrorkit as mk  # noqa: E402
 from mirrorkit import flags as mk_flags  # noqa: E402
 
 mk_flags.define_flags(per_replica_batch_size=32, all_reduce_alg="ring")
-flags.DEFINE_integer("epochs", 12, "Passes over the training sequences.")
+flags.DEFINE_integer("epochs", 3, "Passes over the training sequences.")
 flags.DEFINE_integer("vocab_size", 2000, "Most frequent words kept; the rest become [UNK].")
 flags.DEFINE_integer("seq_len", 32, "Words per sequence.")
 flags.DEFINE_integer("dupe_factor", 8, "Differently masked copies of each training sequence.")
-flags.DEFINE_float("learning_rate", 1e-3, "Adam learning rate.")
+flags.DEFINE_float("learning_rate", 3e-3, "Adam learning rate.")
 flags.DEFINE_bool("smoke", False, "Run a few steps only (CI, on CPU).")
 FLAGS = flags.FLAGS
 
@@ -126,7 +126,7 @@ def main(argv):
     documents = load_words()
     vocab = make_vocabulary(documents, FLAGS.vocab_size)
     sequences = make_sequences(documents, vocab, FLAGS.seq_len)
-    held_out = np.arange(len(sequences)) % 10 == 0  # every 10th sequence is for evaluation
+    held_out = np.arange(len(sequences)) % 5 == 0  # every 5th sequence is for evaluation
     rng = np.random.default_rng(0)  # the same masks on every worker
     train = [mask_tokens(sequences[~held_out], len(vocab), rng) for _ in range(FLAGS.dupe_factor)]
     train = tuple(np.concatenate(parts) for parts in zip(*train, strict=True))

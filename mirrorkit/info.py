@@ -6,7 +6,7 @@ import os
 import platform
 from typing import Any
 
-from mirrorkit import cluster, versions
+from mirrorkit import cluster, tables, versions
 
 
 def collect() -> dict[str, Any]:
@@ -117,5 +117,4 @@ def format_text(facts: dict[str, Any]) -> str:
         )
     auto = facts["auto"]
     rows.append(("mk.strategy()", f"{auto['strategy']}, because {auto['reason']}"))
-    width = max(len(k) for k, _ in rows)
-    return "\n".join(f"{k.ljust(width)}  {v}" for k, v in rows)
+    return tables.pairs(rows)

@@ -8,11 +8,10 @@ takes and why without building anything.
 from __future__ import annotations
 
 import dataclasses
-import html
 
 import tensorflow as tf
 
-from mirrorkit import allreduce, cluster, registry, workers
+from mirrorkit import allreduce, cluster, registry, tables, workers
 from mirrorkit.devices import compact_devices, short_device
 
 
@@ -83,17 +82,10 @@ class Topology:
         return f"{self.worker_index}{' (chief)' if self.is_chief else ''}"
 
     def __str__(self) -> str:
-        rows = self._rows()
-        width = max(len(k) for k, _ in rows)
-        return "\n".join(f"{k.ljust(width)}  {v}" for k, v in rows)
+        return tables.pairs(self._rows())
 
     def _repr_html_(self) -> str:
-        cells = "".join(
-            f"<tr><th style='text-align:left'>{html.escape(k)}</th>"
-            f"<td style='text-align:left'>{html.escape(v)}</td></tr>"
-            for k, v in self._rows()
-        )
-        return f"<table class='mirrorkit-topology'>{cells}</table>"
+        return tables.html_pairs(self._rows(), "mirrorkit-topology")
 
     def to_dict(self) -> dict:
         """A JSON-ready dict of the fields."""

@@ -54,7 +54,7 @@ def test_bench_mlp_on_one_and_two_replicas_writes_json(tmp_path):
 )
 def test_bench_rejects_bad_arguments(args, message):
     done = _bench(*args, timeout=120)
-    assert done.returncode == 2 and message in done.stdout
+    assert done.returncode == 2 and message in done.stderr and message not in done.stdout
 
 
 def test_bench_model_names_match_the_bundled_models():

@@ -120,7 +120,10 @@ def test_outputs_parse_and_show_the_figures(tmp_path, capfd, clock):
     # 2 replicas, each at half the single-replica baseline's rate.
     assert saved["epochs"][0]["scaling_efficiency"] == pytest.approx(0.5, rel=1e-9)
     text = str(callback.report)
-    assert "examples/s" in text and "efficiency" in text and len(text.splitlines()) == 3
+    title, header, row, *verdicts = text.splitlines()  # one epoch: one row, then its verdicts
+    assert title.startswith("Throughput: 2 replicas on 1 worker(s), global batch 32")
+    assert "examples/s" in header and "efficiency" in header and row.split()[0] == "1"
+    assert all(line.startswith("epoch 1: ") for line in verdicts)
     from html.parser import HTMLParser
 
     cells = []

@@ -6,8 +6,11 @@ import argparse
 import json
 import os
 import platform
+import sys
 import time
 from typing import Any
+
+from mirrorkit import tables
 
 #: The bundled models (`mirrorkit.bench.models.MODELS`), named here so that
 #: building the command line imports no TensorFlow.
@@ -96,7 +99,7 @@ def run(args: argparse.Namespace) -> int:
         if args.steps < 1 or args.repeats < 1 or args.rounds < 1:
             raise ValueError("--steps, --repeats and --rounds must be at least 1")
     except ValueError as err:
-        print(f"mirrorkit bench: {err}")
+        print(f"mirrorkit bench: {err}", file=sys.stderr)
         return 2
     batch = args.batch_size or models.get(args.model).default_batch
     progress = sweep.stderr_progress
@@ -172,10 +175,7 @@ def format_table(rows: list[dict[str, Any]]) -> str:
         ]
         for r in rows
     ]
-    widths = [max(len(h), *(len(b[i]) for b in body)) for i, h in enumerate(headers)]
-    lines = ["  ".join(h.rjust(w) for h, w in zip(headers, widths, strict=True))]
-    lines += ["  ".join(c.rjust(w) for c, w in zip(b, widths, strict=True)) for b in body]
-    return "\n".join(lines)
+    return tables.columns(headers, body)
 
 
 def format_allreduce(result: dict[str, Any]) -> str:
@@ -201,7 +201,7 @@ def plot(results: dict[str, Any], path: str) -> str | None:
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
-        print("(pip install matplotlib for a PNG plot of these results)")
+        print("(pip install matplotlib for a PNG plot of these results)", file=sys.stderr)
         return None
     rows = results["results"]
     labels = [f"{r['replicas']}r x {r['workers']}w" for r in rows]

@@ -36,8 +36,11 @@ def malloc_env(environ: dict[str, str] | None = None) -> dict[str, str]:
         environ: the environment to check; this process's when None.
 
     Example:
-    >>> sorted(malloc_env({"MALLOC_TOP_PAD_": "0"}))
-    []
+    ```python
+    from mirrorkit.launcher.allocator import malloc_env
+
+    assert malloc_env({"MALLOC_TOP_PAD_": "0"}) == {}  # the user chose one
+    ```
     """
     environ = os.environ if environ is None else environ
     if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":

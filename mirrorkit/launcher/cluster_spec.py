@@ -17,9 +17,14 @@ def tf_config(addresses: Sequence[str], index: int) -> str:
         The JSON text for the ``TF_CONFIG`` environment variable.
 
     Example:
-    >>> import json
-    >>> json.loads(tf_config(["127.0.0.1:2222", "127.0.0.1:2223"], 1))["task"]
-    {'type': 'worker', 'index': 1}
+    ```python
+    import json
+
+    from mirrorkit.launcher.cluster_spec import tf_config
+
+    config = json.loads(tf_config(["127.0.0.1:2222", "127.0.0.1:2223"], 1))
+    assert config["task"] == {"type": "worker", "index": 1}
+    ```
     """
     return json.dumps(
         {"cluster": {"worker": list(addresses)}, "task": {"type": "worker", "index": index}}

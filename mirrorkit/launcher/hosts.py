@@ -42,8 +42,12 @@ def expand_hostlist(text: str) -> list[str]:
     """Expands a Slurm hostlist such as ``node[01-03,07],gpu5``.
 
     Example:
-    >>> expand_hostlist("node[01-03,07],gpu5")
-    ['node01', 'node02', 'node03', 'node07', 'gpu5']
+    ```python
+    from mirrorkit.launcher.hosts import expand_hostlist
+
+    hosts = expand_hostlist("node[01-03,07],gpu5")
+    assert hosts == ["node01", "node02", "node03", "node07", "gpu5"]
+    ```
     """
     hosts = []
     for prefix, ranges, suffix in re.findall(r"([^,\[]+)(?:\[([^\]]+)\])?([^,\[]*)", text):
@@ -73,8 +77,12 @@ def multi_host(
         ValueError: `node_rank` is outside `hosts`, or a port is not a number.
 
     Example:
-    >>> multi_host(["a", "b:3000"], 1, 2).addresses
-    ('a:29470', 'a:29471', 'b:3000', 'b:3001')
+    ```python
+    from mirrorkit.launcher.hosts import multi_host
+
+    job = multi_host(["a", "b:3000"], 1, 2)
+    assert job.addresses == ("a:29470", "a:29471", "b:3000", "b:3001")
+    ```
     """
     if not 0 <= node_rank < len(hosts):
         raise ValueError(

@@ -31,8 +31,11 @@ def split_cpus(num_workers: int, cpus: Sequence[int] | None = None) -> list[list
         or affinity is not supported, in which case nothing is pinned.
 
     Example:
-    >>> split_cpus(2, [0, 1, 2, 3, 4])
-    [[0, 1, 2], [3, 4]]
+    ```python
+    from mirrorkit.launcher.pinning import split_cpus
+
+    assert split_cpus(2, [0, 1, 2, 3, 4]) == [[0, 1, 2], [3, 4]]
+    ```
     """
     cpus = available_cpus() if cpus is None else sorted(cpus)
     if not cpus or num_workers > len(cpus):
@@ -54,8 +57,11 @@ def thread_env(num_cpus: int) -> dict[str, str]:
     thread that could run the op it waits for.
 
     Example:
-    >>> thread_env(1)["TF_NUM_INTRAOP_THREADS"]
-    '1'
+    ```python
+    from mirrorkit.launcher.pinning import thread_env
+
+    assert thread_env(1)["TF_NUM_INTRAOP_THREADS"] == "1"
+    ```
     """
     return {
         "TF_NUM_INTRAOP_THREADS": str(num_cpus),

@@ -22,8 +22,11 @@ def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
         A list of port numbers.
 
     Example:
-    >>> len(set(free_ports(3)))
-    3
+    ```python
+    from mirrorkit.launcher.ports import free_ports
+
+    assert len(set(free_ports(3))) == 3
+    ```
     """
     with contextlib.ExitStack() as stack:
         ports = []

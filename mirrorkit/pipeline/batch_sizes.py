@@ -36,10 +36,12 @@ def resolve(
             nearest sizes that work).
 
     Example:
-    >>> resolve(4, None, 64).per_replica_batch_size
-    16
-    >>> resolve(4, 16, None).global_batch_size
-    64
+    ```python
+    from mirrorkit.pipeline.batch_sizes import resolve
+
+    assert resolve(4, None, 64).per_replica_batch_size == 16
+    assert resolve(4, 16, None).global_batch_size == 64
+    ```
     """
     if (per_replica_batch_size is None) == (global_batch_size is None):
         given = "both" if per_replica_batch_size is not None else "neither"

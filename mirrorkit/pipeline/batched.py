@@ -54,11 +54,14 @@ def find(dataset: tf.data.Dataset, max_depth: int = 64) -> Batching | None:
     """Returns how `dataset` is batched, or None when no batching step is found.
 
     Example:
-    >>> import tensorflow as tf
-    >>> find(tf.data.Dataset.range(10).batch(4).prefetch(1)).batch_size
-    4
-    >>> find(tf.data.Dataset.range(10)) is None
-    True
+    ```python
+    import tensorflow as tf
+
+    from mirrorkit.pipeline.batched import find
+
+    assert find(tf.data.Dataset.range(10).batch(4).prefetch(1)).batch_size == 4
+    assert find(tf.data.Dataset.range(10)) is None
+    ```
     """
     _verify()
     return _walk(dataset, max_depth)

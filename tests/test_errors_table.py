@@ -205,6 +205,19 @@ def _nan_guard_with_loss_scaling():
     model.fit(x, y, epochs=1, verbose=0, callbacks=[mk.callbacks.NaNGuard()])
 
 
+def _nan_guard_with_accumulation():
+    import keras
+
+    def make():
+        model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)])
+        model.compile(optimizer=keras.optimizers.SGD(gradient_accumulation_steps=2), loss="mse")
+        return model
+
+    x, y = _xy(16)
+    model = mk.build(make, _strategy2())
+    model.fit(x, y, batch_size=8, epochs=1, verbose=0, callbacks=[mk.callbacks.NaNGuard()])
+
+
 def _flags(*argv: str) -> Callable[[], object]:
     def run():
         from absl import flags
@@ -321,6 +334,7 @@ def _cases(tmp: pathlib.Path) -> dict[str, Callable[[], object]]:
         "throughput-baseline-negative": lambda: mk.ThroughputCallback(baseline=-5),
         "sync-check-every": lambda: mk.callbacks.ReplicaSyncCheck(every_n_steps=0),
         "nan-guard-loss-scale": _nan_guard_with_loss_scaling,
+        "nan-guard-unchecked-step": _nan_guard_with_accumulation,
         # mirrorkit.flags
         "flags-batch-both": _flags("--batch_size=64", "--per_replica_batch_size=8"),
         "flags-bucket-mb": _flags("--bucket_mb=0"),

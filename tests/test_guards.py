@@ -232,3 +232,20 @@ def test_a_gradient_alone_non_finite_is_caught_and_named():
     assert caught.value.step == 0
     assert caught.value.what == {1: "gradient"}
     assert "non-finite gradient at step 0" in str(caught.value)
+
+
+def test_a_step_the_guard_cannot_check_is_an_error_not_a_silent_no_op():
+    # Gradient accumulation under 2 replicas all-reduces outside the optimizer's hook.
+    import keras
+    import tensorflow as tf
+
+    def make():
+        model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)])
+        model.compile(optimizer=keras.optimizers.SGD(gradient_accumulation_steps=2), loss="mse")
+        return model
+
+    model = mk.build(make, mk.strategy(cpu_replicas=2))
+    x, y = np.ones((32, 3), "float32"), np.ones((32, 1), "float32")
+    data = tf.data.Dataset.from_tensor_slices((x, y)).batch(8)
+    with pytest.raises(RuntimeError, match="NaNGuard could not check this training step"):
+        model.fit(data, epochs=1, verbose=0, callbacks=[mk.callbacks.NaNGuard()])

@@ -146,6 +146,7 @@ class NaNGuard(keras.callbacks.Callback):
             "had_compute_loss": "_compute_loss" in vars(model),
             "bad": bad,
             "first": first,
+            "checked": False,  # set when the check is traced (or run eagerly) into the step
         }
         setattr(optimizer, _ALL_REDUCE, self._all_reduce_with_verdict)
         if self.check_loss:
@@ -159,6 +160,7 @@ class NaNGuard(keras.callbacks.Callback):
 
         def guarded_step(iterator):
             logs = step(iterator)
+            self._raise_if_check_missing()
             self._raise_if_non_finite()
             return logs
 
@@ -181,6 +183,7 @@ class NaNGuard(keras.callbacks.Callback):
 
     def _all_reduce_with_verdict(self, grads_and_vars):
         state = self._state
+        state["checked"] = True
         pairs = list(grads_and_vars)
         flags = self._local_flags([g for g, _ in pairs], self._losses.pop(_trace_key(), None))
         reduced = list(state["all_reduce"]([*pairs, (flags, None)]))
@@ -208,6 +211,20 @@ class NaNGuard(keras.callbacks.Callback):
         )
 
     # -- after the step ----------------------------------------------------
+
+    def _raise_if_check_missing(self) -> None:
+        """Never a silent no-op: the step must have gone through the checked all-reduce."""
+        if self._state["checked"]:
+            return
+        optimizer = self._state["optimizer"]
+        self._uninstall()
+        raise RuntimeError(
+            f"NaNGuard could not check this training step: the step never called "
+            f"{type(optimizer).__name__}.{_ALL_REDUCE}, where NaNGuard checks each replica's "
+            "gradients (gradient_accumulation_steps under several replicas all-reduces "
+            "elsewhere, and so may a custom train_step that updates the weights itself). Use "
+            "keras.callbacks.TerminateOnNaN there, which checks only the averaged loss."
+        )
 
     def _raise_if_non_finite(self) -> None:
         state = self._state

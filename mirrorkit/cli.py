@@ -15,7 +15,10 @@ def _info(args: argparse.Namespace) -> int:
 
     facts = info.collect()
     print(json.dumps(facts, indent=2) if args.json else info.format_text(facts))
-    return 1 if "error" in facts["cluster"] else 0
+    if "error" in facts["cluster"]:
+        print(f"mirrorkit info: {facts['cluster']['error']}", file=sys.stderr)
+        return 1
+    return 0
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -57,6 +57,7 @@ def collect() -> dict[str, Any]:
             "num_workers": info.num_workers,
             "task_type": info.task_type,
             "task_index": info.task_index,
+            "worker_index": info.worker_index,
             "is_chief": info.is_chief,
         }
     except ValueError as err:
@@ -111,6 +112,10 @@ def format_text(facts: dict[str, Any]) -> str:
         rows.append(("cluster", "none (no TF_CONFIG, no multi-task Slurm step)"))
     else:
         role = f"{found['task_type']} {found['task_index']}"
+        if found["worker_index"] is None:
+            role += ", not a training worker"
+        elif (found["task_type"], found["task_index"]) != ("worker", found["worker_index"]):
+            role += f", worker rank {found['worker_index']}"  # a chief task ranks first
         role += " (chief)" if found["is_chief"] else ""
         rows.append(
             ("cluster", f"{found['source']}: {found['num_workers']} workers, this is {role}")

@@ -20,6 +20,7 @@ from mirrorkit import (
     chief,
     compat,
     registry,
+    startup,
     strategy_args,
     tf_logging,
     topology,
@@ -39,6 +40,7 @@ def strategy(
     all_reduce: str = "auto",
     bucket_mb: float | None = None,
     timeout_s: float | None = None,
+    startup_timeout_s: float | None = startup.DEFAULT_TIMEOUT_S,
 ) -> tf.distribute.Strategy:
     """Makes the `tf.distribute.Strategy` for this machine or cluster.
 
@@ -71,6 +73,11 @@ def strategy(
         bucket_mb: pack gradients into all-reduce buckets of this many MB.
         timeout_s: abort a collective that waits longer than this (the
             collective all-reduce only; a warning where TensorFlow has none).
+        startup_timeout_s: how long a multi-worker strategy waits for its
+            peers to start (default 600 s; None: no limit). Meanwhile the chief
+            says every few seconds which tasks are not up yet; after it, or on
+            Ctrl-C/SIGTERM, the process ends (exit status 137) with a message
+            naming the missing tasks. See `mirrorkit.startup`.
 
     Returns:
         A `tf.distribute.Strategy`: TensorFlow's own object, no wrapper.
@@ -96,6 +103,7 @@ def strategy(
     name = strategy_args.normalize_kind(kind)
     strategy_args.check_backend()
     strategy_args.check_arguments(name, devices, num_gpus, cpu_replicas, bucket_mb, timeout_s)
+    startup_timeout_s = startup.check_timeout(startup_timeout_s)
     all_reduce = allreduce.normalize(all_reduce)
     devices = tuple(devices_lib.short_device(d) for d in devices) if devices else None
     resolved = _resolve_auto(devices, num_gpus, cpu_replicas) if name == "auto" else name
@@ -122,14 +130,15 @@ def strategy(
     if cpu_replicas is not None:
         devices_lib.ensure_cpu_replicas(cpu_replicas)
     tf_logging.quiet_interactive_info()  # no INFO:tensorflow lines in a notebook's fit
-    made = builders.BUILDERS[resolved](
-        devices=devices,
-        num_gpus=num_gpus,
-        cpu_replicas=cpu_replicas,
-        all_reduce=all_reduce,
-        bucket_mb=bucket_mb,
-        timeout_s=timeout_s,
-    )
+    with startup.watch(startup_timeout_s if resolved == "multi_worker" else None):
+        made = builders.BUILDERS[resolved](
+            devices=devices,
+            num_gpus=num_gpus,
+            cpu_replicas=cpu_replicas,
+            all_reduce=all_reduce,
+            bucket_mb=bucket_mb,
+            timeout_s=timeout_s,
+        )
     registry.remember(key, made)
     compat.enable(made)
     chief.say(topology.describe(made).summary())

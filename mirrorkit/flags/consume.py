@@ -100,6 +100,7 @@ def strategy_from_flags(
         all_reduce=given(fv, "all_reduce_alg"),
         bucket_mb=given(fv, "bucket_mb"),
         timeout_s=given(fv, "collective_timeout"),
+        startup_timeout_s=fv["startup_timeout"].value,
     )
     if fv["num_packs"].value is not None:
         set_num_packs(made, fv["all_reduce_alg"].value, fv["num_packs"].value)

@@ -94,6 +94,10 @@ _DEFINITIONS = (
      "Abort an all-reduce that waits longer than this many seconds for its peers "
      "(mk.strategy timeout_s); collective all-reduce only.",
      {}),
+    (flags.DEFINE_float, "startup_timeout", 600.0,
+     "Seconds a multi-worker job waits for all its workers to start before it stops with an "
+     "error naming the missing ones (mk.strategy startup_timeout_s).",
+     {}),
     (flags.DEFINE_list, "worker_hosts", None,
      "Comma-separated host:port of every worker, chief first, the same on every worker; with "
      "--task_index it makes this process's TF_CONFIG. Must agree with TF_CONFIG or Slurm when "
@@ -152,7 +156,11 @@ def _check_default_pairs(fv: flags.FlagValues) -> None:
 
 
 def _register_validators(fv: flags.FlagValues) -> None:
-    for name, what in (("bucket_mb", "megabytes"), ("collective_timeout", "seconds")):
+    for name, what in (
+        ("bucket_mb", "megabytes"),
+        ("collective_timeout", "seconds"),
+        ("startup_timeout", "seconds"),
+    ):
         flags.register_validator(
             name,
             lambda v: v is None or v > 0,

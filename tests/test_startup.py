@@ -1,0 +1,186 @@
+"""mk.strategy(startup_timeout_s=...): a multi-worker strategy never waits silently forever.
+
+The slow tests start a real chief whose TF_CONFIG names a second worker that
+never starts: TensorFlow's MultiWorkerMirroredStrategy constructor then waits in
+C++ holding the GIL, so only the helper process (`mirrorkit._startup_watch`)
+can report and end the wait.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+from mirrorkit import cluster, startup
+from mirrorkit.launcher.ports import free_ports
+
+
+def _two_workers() -> tuple[dict, str]:
+    ports = free_ports(2)
+    addresses = [f"127.0.0.1:{p}" for p in ports]
+    config = {"cluster": {"worker": addresses}, "task": {"type": "worker", "index": 0}}
+    return config, addresses[1]
+
+
+def _start(code: str, tf_config: dict) -> subprocess.Popen:
+    env = dict(os.environ, TF_CONFIG=json.dumps(tf_config), TF_CPP_MIN_LOG_LEVEL="2")
+    return subprocess.Popen(
+        [sys.executable, "-c", textwrap.dedent(code)],
+        env=env,
+        stderr=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        start_new_session=True,  # its own process group, as under a launcher
+    )
+
+
+def _group_gone(pgid: int, within_s: float = 10.0) -> bool:
+    end = time.monotonic() + within_s
+    while time.monotonic() < end:
+        try:
+            os.killpg(pgid, 0)
+        except ProcessLookupError:
+            return True
+        time.sleep(0.2)
+    return False
+
+
+_CHIEF = """
+    import sys, time
+    import mirrorkit as mk
+    import tensorflow as tf  # imported first, as a user script does
+    print("WAIT", time.time(), flush=True)
+    mk.strategy("multi_worker", startup_timeout_s={timeout})
+    print("RETURNED", flush=True)
+"""
+
+
+@pytest.mark.slow
+def test_missing_peer_ends_after_startup_timeout_naming_it():
+    config, missing = _two_workers()
+    proc = _start(_CHIEF.format(timeout=14), config)
+    out, err = proc.communicate(timeout=600)
+    ended = time.time()
+    assert proc.returncode == -signal.SIGKILL, (proc.returncode, err[-3000:])
+    assert "RETURNED" not in out
+    waited = ended - float(out.split("WAIT", 1)[1].split()[0])
+    assert waited < 14 + 30, waited  # generous: the machine is shared
+    assert "waiting for the other workers" in err and f"not up yet: worker 1 ({missing})" in err
+    assert f"never came up: worker 1 ({missing})" in err, err[-3000:]
+    assert "startup_timeout_s" in err and "Check that every task in TF_CONFIG" in err
+    assert _group_gone(proc.pid), "a process of the job (the watcher?) is still alive"
+
+
+def _signal_when_waiting(proc: subprocess.Popen, sig: int) -> None:
+    lines = []
+    for line in proc.stderr:  # wait until the chief says it is waiting
+        lines.append(line)
+        if "waiting for the other workers" in line:
+            break
+    else:
+        pytest.fail("no 'waiting for' line: " + "".join(lines)[-3000:])
+    sent = time.monotonic()
+    os.killpg(proc.pid, sig)
+    rest = proc.stderr.read()
+    proc.wait(timeout=60)
+    assert time.monotonic() - sent < 15, rest[-3000:]
+    assert proc.returncode == -signal.SIGKILL
+    name = "SIGTERM" if sig == signal.SIGTERM else "SIGINT (Ctrl-C)"
+    assert f"{name} received while worker 0 waited" in rest, rest[-3000:]
+    assert "stopped the wait" in rest
+    assert _group_gone(proc.pid)
+
+
+@pytest.mark.slow
+def test_sigterm_to_the_group_ends_a_real_wait_at_once():
+    config, _ = _two_workers()
+    _signal_when_waiting(_start(_CHIEF.format(timeout=300), config), signal.SIGTERM)
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_watcher_ends_the_wait_on_a_signal_to_the_group(sig):
+    addresses = [f"127.0.0.1:{p}" for p in free_ports(2)]
+    code = _WATCHED_SLEEP.format(addresses=json.dumps(addresses), timeout=300, sleep=300)
+    _signal_when_waiting(_start(code, {}), sig)
+
+
+_WATCHED_SLEEP = """
+    import json, sys, time
+    from mirrorkit import cluster, startup
+    info = cluster.from_cluster_spec({{"worker": {addresses}}}, "worker", 0)
+    with startup.watch({timeout}, info, every_s=0.5):
+        time.sleep({sleep})
+    print("DONE", flush=True)
+"""
+
+
+def test_watcher_kills_a_process_stuck_past_the_timeout_and_names_the_missing_peer():
+    addresses = [f"127.0.0.1:{p}" for p in free_ports(2)]
+    code = _WATCHED_SLEEP.format(addresses=json.dumps(addresses), timeout=1.5, sleep=120)
+    proc = _start(code, {})
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == -signal.SIGKILL, err
+    assert "DONE" not in out
+    assert f"not up yet: worker 1 ({addresses[1]})" in err
+    assert "waited 1.5 s (startup_timeout_s)" in err and f"worker 1 ({addresses[1]})" in err
+    assert _group_gone(proc.pid)
+
+
+def test_watcher_ends_with_the_block_and_restores_the_signal_mask():
+    addresses = [f"127.0.0.1:{p}" for p in free_ports(2)]
+    code = _WATCHED_SLEEP.format(addresses=json.dumps(addresses), timeout=60, sleep=0.5)
+    code += "    import signal\n"
+    code += "    print('MASK', sorted(signal.pthread_sigmask(signal.SIG_BLOCK, [])))\n"
+    proc = _start(code, {})
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err
+    assert "DONE" in out and "MASK []" in out
+    assert "startup_timeout_s" not in err
+    assert _group_gone(proc.pid)
+
+
+def test_no_watcher_for_one_worker_or_no_limit():
+    alone = cluster.from_cluster_spec({"worker": ["127.0.0.1:1"]}, "worker", 0)
+    two = cluster.from_cluster_spec({"worker": ["127.0.0.1:1", "127.0.0.1:2"]}, "worker", 0)
+    for timeout, info in ((5, alone), (None, two)):
+        with startup.watch(timeout, info):
+            assert signal.pthread_sigmask(signal.SIG_BLOCK, []) == set()
+
+
+@pytest.mark.parametrize("bad", [0, -1, float("nan"), float("inf"), "600", True])
+def test_bad_startup_timeout_is_a_clear_error(bad):
+    with pytest.raises(ValueError, match="startup_timeout_s=.*seconds"):
+        startup.check_timeout(bad)
+
+
+def test_mk_strategy_checks_startup_timeout_first():
+    import mirrorkit as mk
+
+    with pytest.raises(ValueError, match="startup_timeout_s=-5 is not a positive number"):
+        mk.strategy("multi_worker", startup_timeout_s=-5)
+
+
+def test_startup_timeout_flag_defaults_to_ten_minutes_and_is_checked():
+    from absl import flags
+
+    from mirrorkit import flags as mk_flags
+
+    fv = flags.FlagValues()
+    mk_flags.define_flags(fv)
+    fv(["train.py"])
+    assert fv.startup_timeout == startup.DEFAULT_TIMEOUT_S == 600
+    fv = flags.FlagValues()
+    mk_flags.define_flags(fv)
+    fv(["train.py", "--startup_timeout=30"])
+    assert fv.startup_timeout == 30
+    fv = flags.FlagValues()
+    mk_flags.define_flags(fv)
+    with pytest.raises(flags.IllegalFlagValueError, match="--startup_timeout must be a positive"):
+        fv(["train.py", "--startup_timeout=0"])

@@ -13,6 +13,7 @@ import tensorflow as tf
 
 from mirrorkit import chief, internals
 from mirrorkit import workers as workers_lib
+from mirrorkit.throughput import bottleneck, input_clock
 from mirrorkit.throughput.report import EpochThroughput, ThroughputReport
 from mirrorkit.throughput.step_clock import StepClock
 
@@ -99,6 +100,7 @@ class ThroughputCallback(keras.callbacks.Callback):
         self.verbose = verbose
         self.report = ThroughputReport(0, 1, global_batch_size, self.baseline)
         self._clock = StepClock()
+        self._input_clock = input_clock.InputClock()
         self._writer = None
         self._steps_seen = 0
 
@@ -114,6 +116,7 @@ class ThroughputCallback(keras.callbacks.Callback):
                     "ThroughputCallback: the optimizer has no gradient all-reduce to time; "
                     "stragglers cannot be told apart",
                 )
+        self._input_clock.install()
 
     def on_train_begin(self, logs: dict | None = None) -> None:
         """Starts a new report."""
@@ -133,6 +136,15 @@ class ThroughputCallback(keras.callbacks.Callback):
         self._epoch_start = self._last = time.perf_counter()
         self._step_times: list[float] = []
         self._calls = 0
+        self._input_clock.recording = True
+
+    def on_test_begin(self, logs: dict | None = None) -> None:
+        """Stops timing input while Keras evaluates (validation inside ``fit``)."""
+        self._input_clock.recording = False
+
+    def on_test_end(self, logs: dict | None = None) -> None:
+        """Times the train function's input again."""
+        self._input_clock.recording = True
 
     def on_train_batch_end(self, batch: int, logs: dict | None = None) -> None:
         """Records the step's wall time; prints progress every `log_every` steps."""
@@ -165,6 +177,10 @@ class ThroughputCallback(keras.callbacks.Callback):
         if times.size == 0:
             return
         figures = self._figures(epoch + 1, times, worker_medians)
+        waits = self._input_clock.read_new()
+        if self._steps_per_call() == 1:
+            figures.input_wait_share = input_clock.wait_share(waits, times)
+        figures.verdict = bottleneck.verdict(figures.input_wait_share, figures.compute_share)
         self.report.epochs.append(figures)
         if logs is not None:
             logs["examples_per_sec"] = figures.examples_per_sec
@@ -184,6 +200,7 @@ class ThroughputCallback(keras.callbacks.Callback):
 
     def on_train_end(self, logs: dict | None = None) -> None:
         """Removes the step instrumentation and flushes TensorBoard."""
+        self._input_clock.uninstall()
         self._clock.uninstall()
         if self._writer is not None:
             self._writer.flush()
@@ -264,6 +281,7 @@ class ThroughputCallback(keras.callbacks.Callback):
                 "scaling_efficiency",
                 "spread",
                 "compute_share",
+                "input_wait_share",
             ):
                 value = getattr(figures, key)
                 if value is not None:
@@ -306,6 +324,8 @@ def _summary_line(figures: EpochThroughput, report: ThroughputReport) -> str:
         )
         if figures.straggler is not None:
             line += f"; STRAGGLER: worker {figures.straggler}"
+    if figures.verdict:
+        line += f"\n  {figures.verdict}"
     return line
 
 

@@ -20,6 +20,7 @@ _COLUMNS = (
     ("scaling_efficiency", "efficiency", "{:.3f}"),
     ("slowest_worker", "slowest worker", "{}"),
     ("compute_share", "compute share", "{:.2f}"),
+    ("input_wait_share", "input wait", "{:.2f}"),
     ("straggler", "straggler", "{}"),
 )
 
@@ -50,6 +51,10 @@ class EpochThroughput:
             the all-reduce, waiting for input and per-step host work.
         scaling_efficiency: per-replica examples/s over the single-replica
             baseline, when a baseline was given.
+        input_wait_share: the share of step time spent waiting for the
+            input batch, measured per step (see `input_clock`).
+        verdict: one line: input-, communication- or compute-bound, and
+            the fix to try (see `bottleneck`).
     """
 
     epoch: int
@@ -67,6 +72,8 @@ class EpochThroughput:
     straggler: int | None = None
     compute_share: float | None = None
     scaling_efficiency: float | None = None
+    input_wait_share: float | None = None
+    verdict: str | None = None
 
 
 @dataclasses.dataclass
@@ -134,6 +141,7 @@ class ThroughputReport:
         widths = [max(len(h), *(len(r[j]) for r in rows)) for j, h in enumerate(headers)]
         lines = [title, "  ".join(h.rjust(w) for h, w in zip(headers, widths, strict=True))]
         lines += ["  ".join(c.rjust(w) for c, w in zip(r, widths, strict=True)) for r in rows]
+        lines += [f"epoch {e.epoch}: {e.verdict}" for e in self.epochs if e.verdict]
         return "\n".join(lines)
 
     def _repr_html_(self) -> str:

@@ -1,0 +1,54 @@
+"""The one-line verdict on where a training step's time goes, and the fix to try.
+
+From the measured shares of a step: waiting for input (`InputClock`), and,
+in a multi-worker job, the slowest worker's computation (``compute_share``);
+the rest is the all-reduce and per-step host work.
+"""
+
+from __future__ import annotations
+
+#: A step that waits for data this share of its time or more is input-bound.
+INPUT_BOUND_SHARE = 0.2
+#: A multi-worker step that computes less than this share of its time is communication-bound.
+COMMUNICATION_BOUND_SHARE = 0.7
+
+
+def verdict(input_wait_share: float | None, compute_share: float | None) -> str | None:
+    """One line: input-, communication- or compute-bound, with the fix to try.
+
+    Args:
+        input_wait_share: the measured share of each step spent waiting for data.
+        compute_share: the slowest worker's computation over the step time
+            (multi-worker jobs), or None.
+
+    Returns:
+        The verdict, or None when nothing was measured.
+
+    Example:
+    ```python
+    from mirrorkit.throughput.bottleneck import verdict
+
+    verdict(0.38, None)
+    # 'input-bound: 38% of each step waits for data; add prefetch / parallel map / cache'
+    ```
+    """
+    if input_wait_share is None and compute_share is None:
+        return None
+    if input_wait_share is not None and input_wait_share >= INPUT_BOUND_SHARE:
+        return (
+            f"input-bound: {input_wait_share:.0%} of each step waits for data; "
+            "add prefetch / parallel map / cache"
+        )
+    if compute_share is not None and compute_share < COMMUNICATION_BOUND_SHARE:
+        return (
+            f"communication-bound: compute share {compute_share:.2f}; try "
+            "gradient_compression='fp16' or a larger per-replica batch"
+        )
+    waiting = (
+        "" if input_wait_share is None else f"{input_wait_share:.0%} of each step waits for data"
+    )
+    if compute_share is not None:
+        return f"compute-bound: compute share {compute_share:.2f}" + (
+            f", {waiting}" if waiting else ""
+        )
+    return f"not input-bound: {waiting}"

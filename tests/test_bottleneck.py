@@ -1,0 +1,111 @@
+"""The bottleneck verdict in `ThroughputCallback`'s report: input wait measured in get_next."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+from tensorflow.python.distribute import input_lib
+
+import mirrorkit as mk
+from mirrorkit.throughput.bottleneck import verdict
+
+
+def test_verdict_lines():
+    assert verdict(0.38, None) == (
+        "input-bound: 38% of each step waits for data; add prefetch / parallel map / cache"
+    )
+    assert verdict(0.05, 0.62) == (
+        "communication-bound: compute share 0.62; try gradient_compression='fp16' or a larger "
+        "per-replica batch"
+    )
+    assert verdict(0.05, 0.9).startswith("compute-bound: compute share 0.90")
+    assert verdict(0.05, None) == "not input-bound: 5% of each step waits for data"
+    assert verdict(None, None) is None
+
+
+def _make_model():
+    model = keras.Sequential(
+        [
+            keras.Input((32,)),
+            keras.layers.Dense(256, activation="relu"),
+            keras.layers.Dense(256, activation="relu"),
+            keras.layers.Dense(1),
+        ]
+    )
+    model.compile(optimizer="sgd", loss="mse")
+    return model
+
+
+def _data(slow_s: float):
+    rng = np.random.default_rng(0)
+    x = rng.random((30 * 128, 32)).astype("float32")
+    y = rng.random((30 * 128, 1)).astype("float32")
+    data = tf.data.Dataset.from_tensor_slices((x, y)).batch(128)
+    if slow_s:
+
+        def sleep(batch):
+            time.sleep(slow_s)
+            return batch
+
+        def slow(a, b):  # a slow map, one batch at a time: the planted input bottleneck
+            return tf.ensure_shape(tf.py_function(sleep, [a], tf.float32), [None, 32]), b
+
+        return data.map(slow)
+    return data.prefetch(tf.data.AUTOTUNE)  # the pipeline the verdict recommends
+
+
+def _fit(slow_s: float):
+    """In a fresh process (2 CPU replicas): fit one epoch; the report and what was printed."""
+    import contextlib
+    import io
+    import sys
+
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import mirrorkit as mk
+
+    strategy = mk.strategy(cpu_replicas=2)
+    model = mk.build(_make_model, strategy)
+    throughput = mk.ThroughputCallback(warmup_steps=3)
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        model.fit(
+            _data(slow_s),
+            epochs=1,
+            verbose=0,
+            callbacks=[throughput],
+            validation_data=_data(0).take(2),
+        )
+    restored = not hasattr(input_lib.DistributedIterator.get_next, "__wrapped__")
+    return throughput.report, printed.getvalue(), restored
+
+
+@pytest.mark.slow
+def test_a_slow_map_is_input_bound(fresh):
+    report, printed, restored = fresh(_fit, 0.03)
+    epoch = report.epochs[0]
+    assert epoch.input_wait_share > 0.2, str(report)
+    assert epoch.verdict.startswith("input-bound: ") and "add prefetch" in epoch.verdict
+    assert epoch.verdict in printed and f"epoch 1: {epoch.verdict}" in str(report)
+    assert restored  # get_next is TensorFlow's own again after fit
+
+
+@pytest.mark.slow
+def test_nothing_planted_is_not_input_bound(fresh):
+    report, _, restored = fresh(_fit, 0)
+    epoch = report.epochs[0]
+    assert epoch.input_wait_share < 0.2, str(report)
+    assert epoch.verdict.startswith("not input-bound: ") and restored
+
+
+@pytest.mark.parametrize("steps_per_execution", [2])
+def test_no_input_share_when_steps_are_grouped(steps_per_execution):
+    model = mk.build(_make_model, mk.strategy(cpu_replicas=2))
+    model.compile(optimizer="sgd", loss="mse", steps_per_execution=steps_per_execution)
+    throughput = mk.ThroughputCallback(warmup_steps=2, verbose=0)
+    model.fit(_data(0).take(12), epochs=1, verbose=0, callbacks=[throughput])
+    assert throughput.report.epochs[0].input_wait_share is None

@@ -100,6 +100,17 @@ def test_docstring_examples_are_fenced_not_doctests():
     assert found == [], f"write these examples as ```python blocks: {found}"
 
 
+def test_docs_architecture_names_every_module():
+    doc = (PACKAGE.parent / "docs" / "ARCHITECTURE.md").read_text()
+    missing = [
+        str(path.relative_to(PACKAGE))
+        for _, path in _modules()
+        if not (path.name == "__init__.py" and path.parent != PACKAGE)  # a subpackage: its modules
+        and f"`{path.relative_to(PACKAGE)}`" not in doc
+    ]
+    assert missing == [], f"say in one line what each owns in docs/ARCHITECTURE.md: {missing}"
+
+
 def test_a_command_error_goes_to_stderr(capsys):
     from mirrorkit import cli
 

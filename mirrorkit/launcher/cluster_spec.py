@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 
+from mirrorkit.launcher.ports import free_ports
+
 
 def tf_config(addresses: Sequence[str], index: int) -> str:
     """Returns the TF_CONFIG of worker `index` in a cluster of `addresses`.
@@ -38,6 +40,4 @@ def worker_env(addresses: Sequence[str], index: int) -> dict[str, str]:
 
 def local_addresses(num_workers: int, host: str = "127.0.0.1") -> list[str]:
     """Returns `num_workers` loopback addresses with free ports."""
-    from mirrorkit.launcher.ports import free_ports
-
     return [f"{host}:{port}" for port in free_ports(num_workers, host)]

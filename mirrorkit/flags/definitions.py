@@ -140,12 +140,6 @@ def _calling_module() -> str:
     return sys.argv[0] if name == "__main__" else name
 
 
-def _calling_module() -> str:
-    """The module that called define_flags, named as absl names it (the script's path)."""
-    name = sys._getframe(2).f_globals.get("__name__", "__main__")
-    return sys.argv[0] if name == "__main__" else name
-
-
 def _check_default_pairs(fv: flags.FlagValues) -> None:
     for a, b in _EXCLUSIVE:
         if fv[a].default is not None and fv[b].default is not None:

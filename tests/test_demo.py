@@ -92,12 +92,12 @@ def test_unknown_tfds_name_says_so(tmp_path):
 
 @pytest.mark.slow
 def test_prepared_tfds_dataset_trains(tmp_path):
-    here = os.path.dirname(__file__)
-    prepare = (
-        f"import sys; sys.path.insert(0, {here!r}); import _tfds_builder; "
-        f"_tfds_builder.prepare({str(tmp_path)!r})"
-    )
-    subprocess.run([sys.executable, "-c", prepare], check=True, capture_output=True, timeout=120)
+    sys.path.insert(0, os.path.dirname(__file__))
+    try:
+        import _tfds_builder
+    finally:
+        sys.path.pop(0)
+    _tfds_builder.prepare(str(tmp_path))
     done = _run(
         ["--dataset", "tiny_images", "--data-dir", str(tmp_path), "--epochs", "1"],
         no_network=True,
@@ -108,12 +108,21 @@ def test_prepared_tfds_dataset_trains(tmp_path):
 
 
 @pytest.mark.slow
+def test_a_global_batch_the_default_replicas_do_not_divide_is_refused():
+    done = _run(["--batch-size", "63", "--epochs", "1"], timeout=120)
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert "--batch-size 63 is the global batch and must divide evenly among the 2 replicas" in (
+        done.stderr
+    )
+
+
+@pytest.mark.slow
 def test_demo_reaches_the_stated_accuracy_on_the_bundled_digits():
     done = _run([], no_network=True)
     out = done.stdout
     assert done.returncode == 0, out + done.stderr
     assert "replicas in sync  2" in out  # the topology (2 simulated CPU replicas)
-    assert "Epoch 20/20" in out and re.search(r"22/22 - .* - accuracy: ", out)  # per-epoch
+    assert "Epoch 12/12" in out and re.search(r"22/22 - .* - accuracy: ", out)  # per-epoch
     assert "Throughput: 2 replicas on 1 worker(s), global batch 64" in out
     accuracy = float(re.search(r"test accuracy (\d\.\d+) on digits", out).group(1))
     assert accuracy >= 0.95, out

@@ -112,13 +112,22 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _train_in_child(config: train_lib.DemoConfig) -> dict[str, Any]:
-    """Runs in the fresh process: data set errors come back as messages, the rest raises."""
-    if config.dataset != data_lib.DIGITS:
-        try:
+    """Runs in the fresh process: bad data sets and replica counts come back as messages.
+
+    Anything else that fails raises, and its traceback reaches the user.
+    """
+    try:
+        if config.dataset != data_lib.DIGITS:
             data_lib.open_tfds(config.dataset, config.data_dir)
-        except (FileNotFoundError, ValueError) as err:
-            return {"error": str(err)}
-    return train_lib.train(config)
+        replicas = train_lib.make_strategy(config.replicas).num_replicas_in_sync
+    except (FileNotFoundError, ValueError) as err:
+        return {"error": str(err)}
+    if config.batch_size % replicas:
+        return {
+            "error": f"--batch-size {config.batch_size} is the global batch and must divide "
+            f"evenly among the {replicas} replicas here; use a multiple of {replicas}"
+        }
+    return train_lib.train(config)  # mk.strategy returns the strategy made above
 
 
 def _verdict(result: dict[str, Any], seconds: float) -> int:

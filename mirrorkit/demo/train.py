@@ -35,7 +35,7 @@ class DemoConfig:
     dataset: str = data_lib.DIGITS
     data_dir: str | None = None
     replicas: int | None = None
-    epochs: int = 20
+    epochs: int = 12
     batch_size: int = 64
     learning_rate: float = 2e-3
     seed: int = 0

@@ -4,6 +4,8 @@
   every worker at the same step, naming the step, the worker and the replica.
 - `ReplicaSyncCheck`: every N steps, checks that every replica of every worker
   holds the same variables, naming the first one that differs.
+- `HangWatchdog`: a training step that never completes ends the worker, naming
+  the step and dumping its Python stacks (`mirrorkit.watchdog`).
 
 Example:
 ```python
@@ -13,7 +15,14 @@ model.fit(data, callbacks=[mk.callbacks.NaNGuard(), mk.callbacks.ReplicaSyncChec
 ```
 """
 
+from mirrorkit.callbacks.hang_watchdog import HangWatchdog
 from mirrorkit.callbacks.nan_guard import NaNGuard, NonFiniteError
 from mirrorkit.callbacks.replica_sync_check import ReplicasDivergedError, ReplicaSyncCheck
 
-__all__ = ["NaNGuard", "NonFiniteError", "ReplicaSyncCheck", "ReplicasDivergedError"]
+__all__ = [
+    "HangWatchdog",
+    "NaNGuard",
+    "NonFiniteError",
+    "ReplicaSyncCheck",
+    "ReplicasDivergedError",
+]

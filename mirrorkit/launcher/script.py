@@ -13,6 +13,8 @@ import os
 import sys
 
 from mirrorkit.launcher import cluster_spec, hosts, local_job, processes
+from mirrorkit.watchdog import ENV as HANG_ENV
+from mirrorkit.watchdog import EXIT_STATUS as WATCHDOG_EXIT
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -38,6 +40,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=float,
         default=None,
         help="stop every worker after this many seconds",
+    )
+    parser.add_argument(
+        "--hang-timeout",
+        dest="hang_timeout_s",
+        type=float,
+        default=None,
+        help="a worker whose training step does not complete for this many seconds dumps its "
+        "Python stacks and ends the job (exit 124); read by mk.callbacks.HangWatchdog() in "
+        "the script's fit callbacks",
     )
     parser.add_argument(
         "--log-dir",
@@ -119,6 +130,23 @@ def layout(args: argparse.Namespace, env: dict[str, str] | None = None) -> hosts
     return hosts.Layout(tuple(addresses), 0, args.num_workers, False)
 
 
+def watchdog_env(hang_timeout_s: float | None):
+    """`run_job`'s ``env`` for ``--hang-timeout`` (read by `mk.callbacks.HangWatchdog`)."""
+    if hang_timeout_s is None:
+        return None
+    return lambda _i: {HANG_ENV: repr(hang_timeout_s)}
+
+
+def hang_note(exit_code: int, hang_timeout_s: float | None) -> str:
+    """What a worker's exit code 124 means under ``--hang-timeout``."""
+    if hang_timeout_s is None or exit_code != WATCHDOG_EXIT:
+        return ""
+    return (
+        f" (its hang watchdog: no training step completed for {hang_timeout_s:g} s; the "
+        "workers' messages above name the step, and their Python stacks show where each waited)"
+    )
+
+
 def run(args: argparse.Namespace) -> int:
     """Runs the launch described by parsed `args`; returns the exit code."""
     try:
@@ -131,6 +159,13 @@ def run(args: argparse.Namespace) -> int:
             f"mirrorkit launch: script {args.target!r} does not exist (working directory "
             f"{os.getcwd()}); no worker was started. Give the path of a Python file, or "
             "-m MODULE for a module.",
+            file=sys.stderr,
+        )
+        return 2
+    if args.hang_timeout_s is not None and not args.hang_timeout_s > 0:
+        print(
+            f"mirrorkit launch: --hang-timeout {args.hang_timeout_s:g} is not a positive number "
+            "of seconds; give the longest a training step may take, e.g. --hang-timeout 600.",
             file=sys.stderr,
         )
         return 2
@@ -151,12 +186,14 @@ def run(args: argparse.Namespace) -> int:
             log_dir=args.log_dir,
             tf_startup_logs=args.tf_startup_logs,
             wording=local_job.FLAGS,
+            env=watchdog_env(args.hang_timeout_s),
         )
     except processes.WorkerError as err:
         worker = job.first_rank + err.worker
         local_job.say(
             f"worker {worker} failed with exit code {err.exit_code}; "
             "the other workers on this host were stopped"
+            + hang_note(err.exit_code, args.hang_timeout_s)
         )
         return err.exit_code if 0 < err.exit_code < 256 else 1
     except TimeoutError as err:

@@ -375,3 +375,10 @@ def test_cli_launch_notices_name_its_flags(monkeypatch, capsys, tmp_path):
     said = _notices_of_a_launch(monkeypatch, capsys, lambda: script.run(args))
     assert "--no-pin turns this off" in said and "WARNING: --shared-network." in said
     assert "pin_cpus" not in said and "private_network" not in said
+
+
+def test_run_job_refuses_a_log_dir_for_a_function(tmp_path):
+    from mirrorkit.launcher import local_job
+
+    with pytest.raises(ValueError, match="log_dir= writes the output of a command's workers"):
+        local_job.run_job(print, 2, log_dir=str(tmp_path))

@@ -79,7 +79,8 @@ def run_job(
             over the ones planned here (a test writing its own TF_CONFIG).
         timeout_s: stop every worker and raise `TimeoutError` after this long.
         stream: where worker output goes (``[wN] ...``); `sys.stdout` when None.
-        log_dir: also write worker i's output to ``log_dir/worker-i.log``.
+        log_dir: also write worker i's output to ``log_dir/worker-i.log``
+            (a command `target` only).
         tf_startup_logs: keep TensorFlow's C++ start-up lines (see `tf_noise`).
         wording: how notices name the settings (`FLAGS` or `ARGUMENTS`); None
             plans silently (the benchmark, the tests).
@@ -104,6 +105,11 @@ def run_job(
     assert run_job(rank, 2) == [0, 1]
     ```
     """
+    if log_dir is not None and callable(target):
+        raise ValueError(
+            "log_dir= writes the output of a command's workers; a function's workers stream "
+            "theirs only. Pass a command, or leave log_dir out."
+        )
     if layout is None:
         addresses = tuple(cluster_spec.local_addresses(num_workers))
         layout = hosts.Layout(addresses, 0, num_workers, False)

@@ -37,6 +37,7 @@ _PUBLIC = {
     "WarmUp": "mirrorkit.scale.lr",
     "check_equivalence": "mirrorkit.scale.equivalence",
     "EquivalenceReport": "mirrorkit.scale.equivalence_report",
+    "plan_memory": "mirrorkit.scale.memory",
     "flags": "mirrorkit.flags",
 }
 

@@ -1,0 +1,78 @@
+"""`mk.plan_memory`: the plan against a measured peak on the CPU, and its arithmetic."""
+
+from __future__ import annotations
+
+import keras
+import pytest
+
+import mirrorkit as mk
+from mirrorkit.scale.memory import MemoryPlan
+
+BATCH = 1024
+
+
+def wide_model():
+    model = keras.Sequential(
+        [
+            keras.Input((1024,)),
+            keras.layers.Dense(2048, activation="relu"),
+            keras.layers.Dense(2048, activation="relu"),
+            keras.layers.Dense(10),
+        ]
+    )
+    model.compile(optimizer="adam", loss="mse")
+    return model
+
+
+def _measured_peak_delta(batch):
+    """In a fresh process: peak RSS growth from before the model exists to after one step."""
+    import numpy as np
+    import tensorflow as tf
+
+    from mirrorkit.scale.memory import peak_rss_bytes
+
+    tf.constant(1.0) + 1.0  # start TensorFlow's runtime first: it is not the model's memory
+    before = peak_rss_bytes()
+    model = wide_model()
+    x = np.random.rand(batch, 1024).astype("float32")
+    y = np.random.rand(batch, 10).astype("float32")
+    model.train_on_batch(x, y)
+    return peak_rss_bytes() - before
+
+
+@pytest.mark.slow
+def test_plan_is_within_25_percent_of_the_measured_peak(fresh):
+    plan = mk.plan_memory(wide_model, BATCH)
+    measured = fresh(_measured_peak_delta, BATCH)
+    assert plan.weights_bytes == 4 * (1024 * 2048 + 2048 + 2048 * 2048 + 2048 + 2048 * 10 + 10)
+    assert plan.gradients_bytes == plan.weights_bytes
+    assert plan.optimizer_bytes == 2 * plan.weights_bytes  # Adam: two slots per weight
+    assert plan.activation_bytes_per_example > 0
+    assert abs(plan.total_bytes - measured) <= 0.25 * measured, (plan.total_bytes, measured)
+    assert plan.fits and plan.largest_batch > BATCH  # the host's RAM is the CPU's memory
+    assert "fits; largest per-replica batch that fits" in str(plan)
+
+
+def test_fits_and_largest_batch_arithmetic():
+    mib = 1024 * 1024
+    plan = MemoryPlan(
+        per_replica_batch_size=64,
+        weights_bytes=100 * mib,
+        gradients_bytes=100 * mib,
+        optimizer_bytes=200 * mib,
+        activation_bytes_per_example=mib,
+        device_bytes=1000 * mib,
+    )
+    assert plan.total_bytes == 464 * mib and plan.fits
+    assert plan.largest_batch == 500  # 0.9 * 1000 - 400 MiB of room, 1 MiB per example
+    assert not MemoryPlan(1000, 0, 0, 0, mib, 100 * mib).fits
+    assert MemoryPlan(1, 10 * mib, 0, 0, mib, None).fits is None
+    assert "device memory: unknown" in str(MemoryPlan(1, 10 * mib, 0, 0, mib, None))
+
+
+@pytest.mark.parametrize("kwargs", [dict(per_replica_batch_size=0), dict(device_bytes=-1)])
+def test_bad_arguments(kwargs):
+    args = dict(model_fn=wide_model, per_replica_batch_size=8)
+    args.update(kwargs)
+    with pytest.raises(ValueError, match="must be a positive integer"):
+        mk.plan_memory(**args)

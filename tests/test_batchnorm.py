@@ -54,11 +54,13 @@ def one_device():
     return _train(1, synchronized=False)  # one device: synchronising changes nothing
 
 
+@pytest.mark.slow  # five in-process fits, ~40 s on 2 shared cores
 @pytest.mark.parametrize("replicas", [2, 4])
 def test_synchronized_batch_norm_equals_one_device(one_device, replicas):
     assert _largest_difference(_train(replicas, synchronized=True), one_device) < TOLERANCE
 
 
+@pytest.mark.slow  # five in-process fits, ~40 s on 2 shared cores
 @pytest.mark.parametrize("replicas", [2, 4])
 def test_per_replica_batch_norm_does_not(one_device, replicas):
     assert _largest_difference(_train(replicas, synchronized=False), one_device) > 1e-3

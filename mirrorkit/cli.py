@@ -52,6 +52,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     demo_command.add_arguments(demo)
     demo.set_defaults(run=demo_command.run)
+    from mirrorkit.scale import plan_command
+
+    plan = sub.add_parser("plan", help="memory per replica of a bundled model; the largest batch")
+    plan_command.add_arguments(plan)
+    plan.set_defaults(run=plan_command.run)
     return parser
 
 

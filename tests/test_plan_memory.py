@@ -76,3 +76,20 @@ def test_bad_arguments(kwargs):
     args.update(kwargs)
     with pytest.raises(ValueError, match="must be a positive integer"):
         mk.plan_memory(**args)
+
+
+@pytest.mark.slow
+def test_plan_command_for_a_bundled_model(capsys):
+    from mirrorkit.cli import main
+
+    assert main(["plan", "--model", "mlp", "--batch", "64", "--device-mib", "1"]) == 1
+    printed = capsys.readouterr().out
+    assert printed.startswith("mlp: memory per replica at per-replica batch 64")
+    assert "does NOT fit; largest per-replica batch that fits: 0" in printed
+
+
+def test_plan_command_refuses_a_bad_batch():
+    from mirrorkit.cli import main
+
+    with pytest.raises(SystemExit, match="--batch must be a positive integer; got 0"):
+        main(["plan", "--model", "mlp", "--batch", "0"])

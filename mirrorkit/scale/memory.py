@@ -109,6 +109,7 @@ def plan_memory(
     strategy: Any = None,
     *,
     device_bytes: int | None = None,
+    example: tuple[Any, Any] | None = None,
     timeout_s: float = 600,
 ) -> MemoryPlan:
     """Plans one replica's memory for `model_fn`'s model at a per-replica batch size.
@@ -122,6 +123,9 @@ def plan_memory(
             GPU: TensorFlow cannot tell the total, so pass `device_bytes`).
             None means the CPU.
         device_bytes: the replica device's memory, overriding what TensorFlow tells.
+        example: one ``(x, y)`` example (NumPy, no batch axis) repeated into
+            the measured batches; None draws uniform inputs and zero targets
+            shaped like the model's output (regression losses).
         timeout_s: stop the measuring process after this long.
 
     Returns:
@@ -159,7 +163,7 @@ def plan_memory(
 
     measured = run_function(
         _measure_here,
-        (cloudpickle.dumps(model_fn), per_replica_batch_size),
+        (cloudpickle.dumps(model_fn), per_replica_batch_size, example),
         env=lambda i: _CHILD_ENV,
         timeout_s=timeout_s,
         stream=io.StringIO(),
@@ -207,7 +211,7 @@ def _output_bytes_per_example(model) -> int:
     return total
 
 
-def _measure_here(pickled_model_fn: bytes, batch: int) -> dict:
+def _measure_here(pickled_model_fn: bytes, batch: int, example: Any = None) -> dict:
     """In a fresh process: count variables; measure activation bytes per example."""
     import cloudpickle
     import numpy as np
@@ -227,6 +231,9 @@ def _measure_here(pickled_model_fn: bytes, batch: int) -> dict:
         return int(sum(np.prod(v.shape) * np.dtype(v.dtype).itemsize for v in variables))
 
     def step(n):
+        if example is not None:
+            model.train_on_batch(*(np.repeat(np.asarray(a)[None], n, axis=0) for a in example))
+            return
         x = tf.random.uniform((n, *shape[1:]))
         y = model(x[:1])  # output structure for the targets
         target = tf.zeros((n, *y.shape[1:]), y.dtype)

@@ -1,0 +1,48 @@
+"""`mirrorkit plan`: `mk.plan_memory` for the bundled benchmark models."""
+
+from __future__ import annotations
+
+import argparse
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Adds `mirrorkit plan`'s flags to `parser`."""
+    from mirrorkit.bench import models
+
+    parser.add_argument(
+        "--model", default="resnet", choices=sorted(models.MODELS), help="bundled model"
+    )
+    parser.add_argument(
+        "--batch", type=int, default=None, help="per-replica batch (default: the model's)"
+    )
+    parser.add_argument(
+        "--device-mib",
+        type=int,
+        default=None,
+        help="the replica device's memory in MiB (default: this host's RAM)",
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    """Plans the model's memory per replica and prints the plan."""
+    import numpy as np
+
+    from mirrorkit.bench import models
+    from mirrorkit.scale.memory import plan_memory
+
+    spec = models.get(args.model)
+    batch = args.batch if args.batch is not None else spec.default_batch
+    if batch < 1:
+        raise SystemExit(f"mirrorkit plan: --batch must be a positive integer; got {batch}")
+    if args.device_mib is not None and args.device_mib < 1:
+        raise SystemExit(f"mirrorkit plan: --device-mib must be positive; got {args.device_mib}")
+    x, y = models.synthetic_example(spec)
+    name = args.model
+    plan = plan_memory(
+        lambda: models.compiled(models.get(name)),
+        batch,
+        device_bytes=None if args.device_mib is None else args.device_mib * 1024 * 1024,
+        example=(np.asarray(x), np.asarray(y)),
+    )
+    print(f"{name}: {plan}")
+    return 0 if plan.fits is not False else 1

@@ -12,6 +12,8 @@ import argparse
 import os
 import sys
 
+from mirrorkit.faults import restart
+from mirrorkit.faults.restart import ENV as RESTART_ENV
 from mirrorkit.launcher import cluster_spec, hosts, local_job, processes
 from mirrorkit.watchdog import ENV as HANG_ENV
 from mirrorkit.watchdog import EXIT_STATUS as WATCHDOG_EXIT
@@ -40,6 +42,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=float,
         default=None,
         help="stop every worker after this many seconds",
+    )
+    parser.add_argument(
+        "--max-restarts",
+        type=int,
+        default=0,
+        help="when a worker fails, stop every worker and start the whole job again, up to N "
+        "times (fresh ports, MIRRORKIT_RESTART set to the attempt); a script with "
+        "keras.callbacks.BackupAndRestore resumes from its last backup",
     )
     parser.add_argument(
         "--hang-timeout",
@@ -175,7 +185,14 @@ def run(args: argparse.Namespace) -> int:
         f"workers {ranks.start}-{ranks.stop - 1} of {len(job.addresses)} on this host; "
         f"cluster {', '.join(job.addresses)}"
     )
-    try:
+    if args.max_restarts < 0:
+        print(f"mirrorkit launch: --max-restarts {args.max_restarts} must be >= 0", file=sys.stderr)
+        return 2
+
+    def run_once(attempt: int) -> None:
+        nonlocal job
+        job = layout(args) if attempt else job  # fresh ports for a restart
+        hang = watchdog_env(args.hang_timeout_s)
         local_job.run_job(
             [sys.executable, *target, *args.args],
             job.local_workers,
@@ -186,8 +203,14 @@ def run(args: argparse.Namespace) -> int:
             log_dir=args.log_dir,
             tf_startup_logs=args.tf_startup_logs,
             wording=local_job.FLAGS,
-            env=watchdog_env(args.hang_timeout_s),
+            env=lambda i: {RESTART_ENV: str(attempt), **(hang(i) if hang else {})},
         )
+
+    def describe(err: processes.WorkerError) -> str:
+        return f"worker {job.first_rank + err.worker} failed with exit code {err.exit_code}"
+
+    try:
+        restart.run_with_restarts(run_once, args.max_restarts, local_job.say, describe=describe)
     except processes.WorkerError as err:
         worker = job.first_rank + err.worker
         local_job.say(

@@ -109,3 +109,41 @@ def test_no_input_share_when_steps_are_grouped(steps_per_execution):
     throughput = mk.ThroughputCallback(warmup_steps=2, verbose=0)
     model.fit(_data(0).take(12), epochs=1, verbose=0, callbacks=[throughput])
     assert throughput.report.epochs[0].input_wait_share is None
+
+
+def _communication_heavy_worker():
+    import keras
+    import numpy as np
+    import tensorflow as tf
+
+    import mirrorkit as mk
+
+    strategy = mk.strategy()
+    assert strategy.num_replicas_in_sync == 2
+
+    def make():  # 12M weights, 8 examples a step: the all-reduce dominates
+        model = keras.Sequential(
+            [keras.Input((64,))]
+            + [keras.layers.Dense(1024) for _ in range(3)]
+            + [keras.layers.Dense(1)]
+        )
+        model.compile(optimizer="sgd", loss="mse")
+        return model
+
+    model = mk.build(make, strategy)
+    x = np.random.rand(8 * 20, 64).astype("float32")
+    y = np.random.rand(8 * 20, 1).astype("float32")
+    data = tf.data.Dataset.from_tensor_slices((x, y)).batch(8).prefetch(tf.data.AUTOTUNE)
+    throughput = mk.ThroughputCallback(warmup_steps=3, verbose=0)
+    model.fit(data, epochs=1, verbose=0, callbacks=[throughput])
+    return throughput.report.epochs[0]
+
+
+@pytest.mark.slow
+def test_two_workers_with_a_large_all_reduce_are_communication_bound():
+    from _multiworker import run_workers
+
+    for epoch in run_workers(_communication_heavy_worker, n=2):
+        assert epoch.compute_share is not None and epoch.compute_share < 0.7, epoch
+        assert epoch.verdict.startswith("communication-bound: compute share "), epoch.verdict
+        assert "gradient_compression='fp16'" in epoch.verdict

@@ -121,7 +121,7 @@ def _communication_heavy_worker():
     strategy = mk.strategy()
     assert strategy.num_replicas_in_sync == 2
 
-    def make():  # 12M weights, 8 examples a step: the all-reduce dominates
+    def make():  # 2.2M weights, 8 examples a step: the all-reduce dominates
         model = keras.Sequential(
             [keras.Input((64,))]
             + [keras.layers.Dense(1024) for _ in range(3)]

@@ -99,9 +99,9 @@ def main(argv):
         warmup_epochs=FLAGS.warmup_epochs,
         steps_per_epoch=train.steps_per_epoch,
     )
-    blocks, width = (1, 8) if FLAGS.smoke else (FLAGS.blocks_per_stage, 16)  # smoke: traces fast
+    blocks, width, stages = (1, 8, 1) if FLAGS.smoke else (FLAGS.blocks_per_stage, 16, 3)
     model = mk_flags.build_from_flags(
-        lambda: make_resnet(learning_rate, FLAGS.sync_bn, blocks, width), strategy
+        lambda: make_resnet(learning_rate, FLAGS.sync_bn, blocks, width, stages), strategy
     )
     mk.print(
         f"{strategy.num_replicas_in_sync} replicas x {train.per_replica_batch_size} = global "

@@ -126,6 +126,7 @@ def strategy(
     )
     made = registry.lookup(key)
     if made is not None:
+        compat.enable(made)  # idempotent; back in place after a compat.disable()
         return made
     if cpu_replicas is not None:
         devices_lib.ensure_cpu_replicas(cpu_replicas)

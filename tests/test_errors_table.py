@@ -103,6 +103,21 @@ def _launch(*argv: str) -> Callable[[], tuple[str, str]]:
     return run
 
 
+def _hang_watchdog_from_env(value: str) -> Callable[[], object]:
+    def run():
+        old = os.environ.get("MIRRORKIT_HANG_TIMEOUT")
+        os.environ["MIRRORKIT_HANG_TIMEOUT"] = value
+        try:
+            return mk.callbacks.HangWatchdog()
+        finally:
+            if old is None:
+                del os.environ["MIRRORKIT_HANG_TIMEOUT"]
+            else:
+                os.environ["MIRRORKIT_HANG_TIMEOUT"] = old
+
+    return run
+
+
 def _launch_layout(*argv: str) -> Callable[[], object]:
     def run():
         parser = argparse.ArgumentParser(prog="mirrorkit launch")
@@ -255,6 +270,8 @@ def _cases(tmp: pathlib.Path) -> dict[str, Callable[[], object]]:
         "strategy-one-device-replicas": lambda: mk.strategy("one_device", cpu_replicas=2),
         "strategy-off-num-gpus": lambda: mk.strategy("off", num_gpus=1),
         "strategy-multi-worker-cpu-replicas": lambda: mk.strategy("multi_worker", cpu_replicas=2),
+        "strategy-startup-timeout": lambda: mk.strategy("multi_worker", startup_timeout_s=-5),
+        "strategy-startup-timeout-type": lambda: mk.strategy(startup_timeout_s="600"),
         # TF_CONFIG and Slurm
         "tf-config-json": _tf_config('{"cluster": '),
         "tf-config-no-cluster": _tf_config('{"task": {"type": "worker", "index": 0}}'),
@@ -283,6 +300,8 @@ def _cases(tmp: pathlib.Path) -> dict[str, Callable[[], object]]:
         ),
         "launch-no-node-rank": _launch_layout("--hosts", "a,b", "train.py"),
         "launch-node-rank-range": _launch_layout("--hosts", "a,b", "--node-rank", "2", "train.py"),
+        "launch-hang-timeout": _launch("-n", "2", "--hang-timeout", "0", "train.py"),
+        "launch-max-restarts": _launch("-n", "2", "--max-restarts", "-1", "train.py"),
         "launch-host-port": _launch_layout("--hosts", "a,b:x", "--node-rank", "0", "train.py"),
         "launch-timeout": _launch(
             "--timeout", "3", "--no-pin", "--shared-network", _sleep_script(tmp)
@@ -334,6 +353,8 @@ def _cases(tmp: pathlib.Path) -> dict[str, Callable[[], object]]:
         "throughput-baseline-negative": lambda: mk.ThroughputCallback(baseline=-5),
         "sync-check-every": lambda: mk.callbacks.ReplicaSyncCheck(every_n_steps=0),
         "nan-guard-loss-scale": _nan_guard_with_loss_scaling,
+        "callbacks-hang-timeout": lambda: mk.callbacks.HangWatchdog(0),
+        "callbacks-hang-timeout-env": _hang_watchdog_from_env("soon"),
         "nan-guard-unchecked-step": _nan_guard_with_accumulation,
         # mirrorkit.flags
         "flags-batch-both": _flags("--batch_size=64", "--per_replica_batch_size=8"),

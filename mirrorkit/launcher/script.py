@@ -159,6 +159,16 @@ def hang_note(exit_code: int, hang_timeout_s: float | None) -> str:
 
 def run(args: argparse.Namespace) -> int:
     """Runs the launch described by parsed `args`; returns the exit code."""
+    if args.hang_timeout_s is not None and not args.hang_timeout_s > 0:
+        print(
+            f"mirrorkit launch: --hang-timeout {args.hang_timeout_s:g} is not a positive number "
+            "of seconds; give the longest a training step may take, e.g. --hang-timeout 600.",
+            file=sys.stderr,
+        )
+        return 2
+    if args.max_restarts < 0:
+        print(f"mirrorkit launch: --max-restarts {args.max_restarts} must be >= 0", file=sys.stderr)
+        return 2
     try:
         job = layout(args)
     except ValueError as err:
@@ -172,22 +182,12 @@ def run(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
-    if args.hang_timeout_s is not None and not args.hang_timeout_s > 0:
-        print(
-            f"mirrorkit launch: --hang-timeout {args.hang_timeout_s:g} is not a positive number "
-            "of seconds; give the longest a training step may take, e.g. --hang-timeout 600.",
-            file=sys.stderr,
-        )
-        return 2
     target = ["-m", args.target] if args.module else [args.target]
     ranks = job.local_ranks
     local_job.say(
         f"workers {ranks.start}-{ranks.stop - 1} of {len(job.addresses)} on this host; "
         f"cluster {', '.join(job.addresses)}"
     )
-    if args.max_restarts < 0:
-        print(f"mirrorkit launch: --max-restarts {args.max_restarts} must be >= 0", file=sys.stderr)
-        return 2
 
     def run_once(attempt: int) -> None:
         nonlocal job

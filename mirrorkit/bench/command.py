@@ -117,10 +117,13 @@ def run(args: argparse.Namespace) -> int:
         args.model, replicas, workers, batch, args.steps, args.repeats,
         pin=args.pin, cores_per_worker=args.cores_per_worker,
         compression=args.compression, bucket_mb=args.bucket_mb, rounds=args.rounds,
-        step_logs=args.step_logs,
+        step_logs=args.step_logs, raw=args.compare_raw,
         progress=progress,
     )  # fmt: skip
     print(format_table(results["results"]))
+    if args.compare_raw and max(workers) > 1:
+        results["compare_raw_workers"] = raw_workers_summary(results["results"])
+        print(format_raw_workers(results["compare_raw_workers"]))
     if args.compare_raw:
         progress(f"A/B: hand-written tf.distribute + Keras vs mirrorkit, {max(replicas)} replicas")
         ab = sweep.compare(args.model, max(replicas), batch, args.steps, args.repeats, "raw")
@@ -164,8 +167,10 @@ def run(args: argparse.Namespace) -> int:
 def format_table(rows: list[dict[str, Any]]) -> str:
     """The scaling table: replicas, workers, global and per-replica examples/s, efficiency."""
     headers = ["replicas", "workers", "pinned", "examples/s", "per replica", "efficiency"]
+    raw = any(r.get("launcher") == "raw" for r in rows)
     body = [
-        [
+        ([r.get("launcher", "mirrorkit")] if raw else [])
+        + [
             str(r["replicas"]),
             str(r["workers"]),
             "yes" if r["pinned"] else "no",
@@ -175,7 +180,34 @@ def format_table(rows: list[dict[str, Any]]) -> str:
         ]
         for r in rows
     ]
-    return tables.columns(headers, body)
+    return tables.columns((["launcher"] if raw else []) + headers, body)
+
+
+def raw_workers_summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """Both weak-scaling efficiencies of the most workers: mirrorkit launch's and the raw job's."""
+    from mirrorkit.bench import measure
+
+    most = max(r["workers"] for r in rows)
+    mk_row = next(r for r in rows if r["workers"] == most and r["launcher"] == "mirrorkit")
+    raw_row = next(r for r in rows if r["workers"] == most and r["launcher"] == "raw")
+    return {
+        "workers": most,
+        "mirrorkit_efficiency": mk_row["scaling_efficiency"],
+        "raw_efficiency": raw_row["scaling_efficiency"],
+        "mirrorkit_examples_per_sec": mk_row["examples_per_sec"],
+        "raw_examples_per_sec": raw_row["examples_per_sec"],
+        "raw_how": measure.RAW_WORKERS_HOW,
+    }
+
+
+def format_raw_workers(summary: dict[str, Any]) -> str:
+    """Two lines: both efficiencies side by side, and how the raw job was written."""
+    mk_eff, raw_eff = summary["mirrorkit_efficiency"], summary["raw_efficiency"]
+    return (
+        f"{summary['workers']} workers, weak-scaling efficiency: mirrorkit launch "
+        f"{mk_eff:.3f} vs raw {raw_eff:.3f} ({summary['mirrorkit_examples_per_sec']:,.1f} vs "
+        f"{summary['raw_examples_per_sec']:,.1f} examples/s)\n({summary['raw_how']})"
+    )
 
 
 def format_allreduce(result: dict[str, Any]) -> str:
@@ -204,7 +236,10 @@ def plot(results: dict[str, Any], path: str) -> str | None:
         print("(pip install matplotlib for a PNG plot of these results)", file=sys.stderr)
         return None
     rows = results["results"]
-    labels = [f"{r['replicas']}r x {r['workers']}w" for r in rows]
+    labels = [
+        f"{r['replicas']}r x {r['workers']}w" + (" raw" if r.get("launcher") == "raw" else "")
+        for r in rows
+    ]
     figure, axis = plt.subplots(figsize=(6, 3.5))
     axis.bar(labels, [r["examples_per_sec"] for r in rows])
     for i, r in enumerate(rows):

@@ -213,3 +213,61 @@ def memcpy_bandwidth(size: int = 64 * 2**20, repeats: int = 10) -> float:
         np.copyto(target, source)
         times.append(time.perf_counter() - start)
     return size / statistics.median(times)
+
+
+#: How `mirrorkit bench --compare-raw` writes the raw multi-worker job (said in its output).
+RAW_WORKERS_HOW = (
+    "raw: TF_CONFIG written by hand, default TensorFlow threads, no CPU pinning, no allocator "
+    "settings, plain tf.distribute.MultiWorkerMirroredStrategy + Keras fit on "
+    "experimental_distribute_dataset; of mirrorkit only mirrorkit.compat.enable() (plain "
+    "Keras 3 fails under MultiWorkerMirroredStrategy without it, docs/compat.md)"
+)
+
+
+def raw_worker_main() -> None:
+    """One worker of the raw multi-worker job, as TensorFlow's tutorial writes it.
+
+    Reads its TF_CONFIG from the environment (written by hand by the caller)
+    and ``out_path model per_replica_batch steps repeats`` from `sys.argv`;
+    writes its rate, CPU affinity and thread settings as JSON to `out_path`.
+    Nothing of mirrorkit runs but `mirrorkit.compat.enable`.
+    """
+    import json
+    import os
+    import sys
+
+    import tensorflow as tf
+
+    from mirrorkit import compat
+    from mirrorkit.bench import models
+
+    out_path, name = sys.argv[1], sys.argv[2]
+    per_replica_batch, steps, repeats = (int(v) for v in sys.argv[3:6])
+    strategy = tf.distribute.MultiWorkerMirroredStrategy()
+    compat.enable(strategy)
+    spec = models.get(name)
+    global_batch = per_replica_batch * strategy.num_replicas_in_sync
+    dataset = tf.data.Dataset.from_tensors(models.synthetic_example(spec)).repeat()
+    options = tf.data.Options()
+    options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.DATA
+    dataset = dataset.batch(global_batch, drop_remainder=True).with_options(options)
+    with strategy.scope():
+        model = models.compiled(spec)
+    data = strategy.experimental_distribute_dataset(dataset)
+    clock = EpochClock()
+    model.fit(data, epochs=repeats + 1, steps_per_epoch=steps, verbose=0, callbacks=[clock])
+    rates = [global_batch * steps / t for t in clock.epoch_times[1:]]
+    result = {
+        "examples_per_sec": statistics.median(rates),
+        "rates": rates,
+        "replicas": strategy.num_replicas_in_sync,
+        "global_batch_size": global_batch,
+        "affinity": sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
+        "intra_op_threads": tf.config.threading.get_intra_op_parallelism_threads(),
+        "inter_op_threads": tf.config.threading.get_inter_op_parallelism_threads(),
+        "env": {
+            k: v for k, v in os.environ.items() if k.startswith(("MALLOC_", "TF_NUM_", "OMP_"))
+        },
+    }
+    with open(out_path, "w") as f:
+        json.dump(result, f)

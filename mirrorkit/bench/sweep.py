@@ -9,8 +9,13 @@ cores, through the function ``mirrorkit launch`` and ``mk.launch`` use
 from __future__ import annotations
 
 import io
+import json
+import os
+import socket
 import statistics
+import subprocess
 import sys
+import tempfile
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -69,6 +74,7 @@ def scaling(
     bucket_mb: float | None = None,
     rounds: int = 1,
     step_logs: str = "averaged",
+    raw: bool = False,
     progress: Callable[[str], None] = print,
 ) -> list[dict[str, Any]]:
     """Throughput for each replica count (one worker) and each worker count (one replica each).
@@ -87,6 +93,8 @@ def scaling(
     if workers and max(workers) > 1 and cores_per_worker is None:
         cores_per_worker = max(1, len(pinning.available_cpus() or [0]) // max(workers))
     runs: dict[tuple[int, int], list[dict[str, Any]]] = {config: [] for config in configs}
+    raw_counts = sorted(set(workers) | {1}) if raw and max(workers or [1]) > 1 else []
+    raw_runs: dict[int, list[dict[str, Any]]] = {w: [] for w in raw_counts}
     for round_ in range(1, rounds + 1):
         for number, (r, w) in enumerate(configs, 1):
             worker_job = w > 1 or (max(workers or [1]) > 1 and r == 1)
@@ -107,9 +115,22 @@ def scaling(
             progress(
                 f"    {chief['examples_per_sec']:,.1f} examples/s ({per_replica:,.1f} per replica)"
             )
+        for w in raw_counts:
+            progress(f"[raw] {model}: {w} worker(s), TF_CONFIG by hand, unpinned{of_rounds} ...")
+            chief = raw_job(model, w, per_replica_batch, steps, repeats)
+            chief["cores"] = None
+            raw_runs[w].append(chief)
+            progress(f"    {chief['examples_per_sec']:,.1f} examples/s (raw)")
     rows = [_row(model, w, runs[(r, w)], compression, bucket_mb, step_logs) for r, w in configs]
     _add_efficiency(rows)
-    return rows
+    raw_rows = [_row(model, w, raw_runs[w], None, None, "local") for w in raw_counts]
+    for row in raw_rows:
+        row["launcher"] = "raw"
+        row["affinity"] = raw_runs[row["workers"]][0]["affinity"]
+        row["intra_op_threads"] = raw_runs[row["workers"]][0]["intra_op_threads"]
+        row["env"] = raw_runs[row["workers"]][0]["env"]
+    _add_efficiency(raw_rows)
+    return rows + raw_rows
 
 
 def _row(model, workers, runs, compression, bucket_mb, step_logs) -> dict[str, Any]:
@@ -131,6 +152,7 @@ def _row(model, workers, runs, compression, bucket_mb, step_logs) -> dict[str, A
         "compression": compression,
         "bucket_mb": bucket_mb,
         "step_logs": step_logs,
+        "launcher": "mirrorkit",
     }
 
 
@@ -181,6 +203,62 @@ def compare(
     return run_config(
         measure.interleaved, (model, replicas, per_replica_batch, steps, repeats, what)
     )[0]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+#: Settings mirrorkit's launcher plans; the raw job's workers get none of them.
+_MIRRORKIT_ENV = ("MALLOC_", "TF_NUM_INTRAOP", "TF_NUM_INTEROP", "OMP_NUM_THREADS", "MIRRORKIT_")
+
+
+def raw_job(
+    model: str, workers: int, per_replica_batch: int, steps: int, repeats: int,
+    timeout_s: float = 1800,
+) -> dict[str, Any]:  # fmt: skip
+    """Runs `workers` workers the way TensorFlow's multi-worker tutorial does; the chief's result.
+
+    TF_CONFIG is written by hand on loopback ports, the workers are plain
+    ``python`` processes with this process's CPUs and TensorFlow's default
+    threads, and `measure.raw_worker_main` trains (see `measure.RAW_WORKERS_HOW`).
+    """
+    ports = [_free_port() for _ in range(workers)]
+    cluster = {"worker": [f"127.0.0.1:{port}" for port in ports]}
+    base = {k: v for k, v in os.environ.items() if not k.startswith(_MIRRORKIT_ENV)}
+    base.pop("TF_CONFIG", None)
+    code = "from mirrorkit.bench.measure import raw_worker_main; raw_worker_main()"
+    with tempfile.TemporaryDirectory() as tmp:
+        outs = [os.path.join(tmp, f"worker-{i}.json") for i in range(workers)]
+        logs = [open(os.path.join(tmp, f"worker-{i}.log"), "w+") for i in range(workers)]
+        procs = []
+        try:
+            for i in range(workers):
+                env = dict(base, TF_CPP_MIN_LOG_LEVEL="3")
+                env["TF_CONFIG"] = json.dumps(
+                    {"cluster": cluster, "task": {"type": "worker", "index": i}}
+                )
+                argv = [sys.executable, "-c", code, outs[i], model]
+                argv += [str(per_replica_batch), str(steps), str(repeats)]
+                procs.append(
+                    subprocess.Popen(argv, env=env, stdout=logs[i], stderr=subprocess.STDOUT)
+                )
+            for i, proc in enumerate(procs):
+                if proc.wait(timeout=timeout_s) != 0:
+                    logs[i].seek(0)
+                    tail = logs[i].read()[-3000:]
+                    raise RuntimeError(f"raw worker {i} exited {proc.returncode}:\n{tail}")
+        finally:
+            for proc in procs:
+                if proc.poll() is None:
+                    proc.kill()
+                    proc.wait()
+            for log in logs:
+                log.close()
+        with open(outs[0]) as f:
+            return json.load(f)
 
 
 def stderr_progress(message: str) -> None:

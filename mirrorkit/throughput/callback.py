@@ -296,10 +296,12 @@ def find_straggler(medians: list[float], factor: float) -> int | None:
     worker shown at exactly ``1.20x`` is not flagged by a factor of 1.2.
 
     Example:
-    >>> find_straggler([0.10, 0.11, 0.30], 1.2)
-    2
-    >>> find_straggler([0.10, 0.11], 1.2) is None
-    True
+    ```python
+    from mirrorkit.throughput.callback import find_straggler
+
+    assert find_straggler([0.10, 0.11, 0.30], 1.2) == 2
+    assert find_straggler([0.10, 0.11], 1.2) is None
+    ```
     """
     slowest = int(np.argmax(medians))
     others = [m for i, m in enumerate(medians) if i != slowest]

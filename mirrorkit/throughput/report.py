@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import dataclasses
-import html
 import json
 from typing import Any
+
+from mirrorkit import tables
 
 #: Columns of the text and HTML tables: (key, heading, format).
 _COLUMNS = (
@@ -138,23 +139,16 @@ class ThroughputReport:
         keep = self._columns()
         headers = [_COLUMNS[i][1] for i in keep]
         rows = [[row[i] for i in keep] for row in self._rows()]
-        widths = [max(len(h), *(len(r[j]) for r in rows)) for j, h in enumerate(headers)]
-        lines = [title, "  ".join(h.rjust(w) for h, w in zip(headers, widths, strict=True))]
-        lines += ["  ".join(c.rjust(w) for c, w in zip(r, widths, strict=True)) for r in rows]
+        lines = [title, tables.columns(headers, rows)]
         lines += [f"epoch {e.epoch}: {e.verdict}" for e in self.epochs if e.verdict]
         return "\n".join(lines)
 
     def _repr_html_(self) -> str:
         keep = self._columns()
-        head = "".join(f"<th>{html.escape(_COLUMNS[i][1])}</th>" for i in keep)
-        body = "".join(
-            "<tr>" + "".join(f"<td>{html.escape(row[i])}</td>" for i in keep) + "</tr>"
-            for row in self._rows()
-        )
-        caption = html.escape(str(self).splitlines()[0])
-        return (
-            f"<table><caption>{caption}</caption><thead><tr>{head}</tr></thead>"
-            f"<tbody>{body}</tbody></table>"
+        return tables.html_columns(
+            [_COLUMNS[i][1] for i in keep],
+            [[row[i] for i in keep] for row in self._rows()],
+            caption=str(self).splitlines()[0],
         )
 
     def plot(self, path: str | None = None):

@@ -41,6 +41,18 @@ class _Fresh:
         return run_function(fn, args, num_processes=n, env=env, timeout_s=timeout_s)
 
 
+@pytest.fixture(autouse=True)
+def _notices_unsaid():
+    """Each test starts with no notice said yet, so "said once" checks do not depend on order."""
+    from mirrorkit import chief
+
+    said = set(chief._said)
+    chief._said.clear()
+    yield
+    chief._said.clear()
+    chief._said.update(said)
+
+
 @pytest.fixture
 def fresh():
     return _Fresh()

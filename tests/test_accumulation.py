@@ -92,10 +92,11 @@ def test_one_all_reduce_per_optimizer_step(monkeypatch, accumulate, expected):
 
 def test_keras_alone_fails_under_two_replicas():
     """The upstream failure the repair exists for; if this stops failing, drop the repair."""
+    strategy = mk.strategy(cpu_replicas=2)  # applies the repairs; then take them away
     compat.disable()
     try:
         with pytest.raises(RuntimeError, match="merge_call"):
-            _train(mk.strategy(cpu_replicas=2), "sgd", accumulate=True, batch=MICRO_BATCH)
+            _train(strategy, "sgd", accumulate=True, batch=MICRO_BATCH)
     finally:
         compat.enable()
 

@@ -147,3 +147,28 @@ def test_two_workers_with_a_large_all_reduce_are_communication_bound():
         assert epoch.compute_share is not None and epoch.compute_share < 0.7, epoch
         assert epoch.verdict.startswith("communication-bound: compute share "), epoch.verdict
         assert "gradient_compression='fp16'" in epoch.verdict
+
+
+def test_calm_epochs_are_one_line_and_bound_ones_each_get_theirs():
+    from mirrorkit.throughput.bottleneck import verdict
+    from mirrorkit.throughput.report import EpochThroughput, ThroughputReport
+
+    def epoch(n, wait):
+        return EpochThroughput(
+            epoch=n, steps=10, examples_per_sec=100.0, examples_per_sec_per_replica=50.0,
+            examples_per_sec_per_worker=100.0, step_time_median_s=0.1, step_time_p90_s=0.1,
+            step_time_max_s=0.1, epoch_time_s=1.0, input_wait_share=wait,
+            verdict=verdict(wait, None),
+        )
+
+    report = ThroughputReport(
+        num_replicas=2, num_workers=1, global_batch_size=32,
+        epochs=[epoch(1, 0.03), epoch(2, 0.4), epoch(3, 0.02), epoch(4, 0.04)],
+    )
+    verdicts = str(report).splitlines()[3 + 4 - 1 :]  # title, header, 4 rows, then verdicts
+    assert verdicts == [
+        "epoch 2: input-bound: 40% of each step waits for data; "
+        "add prefetch / parallel map / cache",
+        "epochs 1-4 (3 epochs): no bottleneck to fix; epoch 4: not input-bound: 4% of each step "
+        "waits for data",
+    ], str(report)

@@ -9,6 +9,8 @@ from typing import Any
 from mirrorkit import tables
 
 #: Columns of the text and HTML tables: (key, heading, format).
+#: Verdicts that name a fix; every other epoch is summed up in one line.
+_ACTIONABLE = ("input-bound", "communication-bound")
 _COLUMNS = (
     ("epoch", "epoch", "{:d}"),
     ("examples_per_sec", "examples/s", "{:,.1f}"),
@@ -140,8 +142,23 @@ class ThroughputReport:
         headers = [_COLUMNS[i][1] for i in keep]
         rows = [[row[i] for i in keep] for row in self._rows()]
         lines = [title, tables.columns(headers, rows)]
-        lines += [f"epoch {e.epoch}: {e.verdict}" for e in self.epochs if e.verdict]
+        lines += self._verdict_lines()
         return "\n".join(lines)
+
+    def _verdict_lines(self) -> list[str]:
+        """A line per epoch with a bottleneck to fix; the calm epochs in one line."""
+        judged = [e for e in self.epochs if e.verdict]
+        bound = [e for e in judged if e.verdict.startswith(_ACTIONABLE)]
+        calm = [e for e in judged if e not in bound]
+        lines = [f"epoch {e.epoch}: {e.verdict}" for e in bound]
+        if len(calm) == 1:
+            lines.append(f"epoch {calm[0].epoch}: {calm[0].verdict}")
+        elif calm:
+            lines.append(
+                f"epochs {calm[0].epoch}-{calm[-1].epoch} ({len(calm)} epochs): no bottleneck "
+                f"to fix; epoch {calm[-1].epoch}: {calm[-1].verdict}"
+            )
+        return lines
 
     def _repr_html_(self) -> str:
         keep = self._columns()

@@ -163,6 +163,8 @@ def part_nccl(smoke: bool) -> dict:
     """All-reduce latency between this process's replicas through mk.strategy(all_reduce="nccl")."""
     import tensorflow as tf
 
+    import mirrorkit as mk
+
     strategy = _replica_strategy(smoke, plain=False, all_reduce="nccl")
     rows = []
     for size in (2**12, 2**20, 2**26) if not smoke else (2**12,):
@@ -182,7 +184,7 @@ def part_nccl(smoke: bool) -> dict:
         )
     return {
         "replicas": strategy.num_replicas_in_sync,
-        "cross_device_ops": type(strategy.extended._cross_device_ops).__name__,
+        "cross_device_ops": mk.describe(strategy).all_reduce,
         "rows": rows,
     }
 

@@ -62,7 +62,7 @@ def _nccl_all_reduce():
     from tests._training import train_small_model
 
     strategy = mk.strategy(num_gpus=2, all_reduce="nccl")
-    ops = type(strategy.extended._cross_device_ops).__name__
+    ops = mk.describe(strategy).all_reduce  # e.g. "NcclAllReduce"
     values = strategy.run(
         lambda: tf.fill(
             [1000],

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import keras
 import pytest
 
@@ -43,7 +46,9 @@ def _measured_peak_delta(batch):
 @pytest.mark.slow
 def test_plan_is_within_25_percent_of_the_measured_peak(fresh):
     plan = mk.plan_memory(wide_model, BATCH)
-    measured = fresh(_measured_peak_delta, BATCH)
+    from mirrorkit.scale.memory import MEASURE_ENV
+
+    measured = fresh(_measured_peak_delta, BATCH, env=MEASURE_ENV)
     assert plan.weights_bytes == 4 * (1024 * 2048 + 2048 + 2048 * 2048 + 2048 + 2048 * 10 + 10)
     assert plan.gradients_bytes == plan.weights_bytes
     assert plan.optimizer_bytes == 2 * plan.weights_bytes  # Adam: two slots per weight
@@ -93,3 +98,14 @@ def test_plan_command_refuses_a_bad_batch():
 
     with pytest.raises(SystemExit, match="--batch must be a positive integer; got 0"):
         main(["plan", "--model", "mlp", "--batch", "0"])
+
+
+def test_plan_command_names_every_bundled_model_without_importing_keras():
+    from mirrorkit.bench import models
+    from mirrorkit.scale import plan_command
+
+    assert plan_command.MODEL_NAMES == tuple(sorted(models.MODELS))
+    code = "import sys, mirrorkit.cli as c; c.build_parser(); "
+    code += "print('tensorflow' in sys.modules or 'keras' in sys.modules)"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.stdout.strip() == "False", done.stdout + done.stderr

@@ -39,6 +39,8 @@ _PUBLIC = {
     "EquivalenceReport": "mirrorkit.scale.equivalence_report",
     "plan_memory": "mirrorkit.scale.memory",
     "flags": "mirrorkit.flags",
+    "resumable": "mirrorkit.faults.backup",
+    "PreemptionCheckpoint": "mirrorkit.faults.preemption",
 }
 
 _MODULES = {"compat", "callbacks", "flags"}

@@ -4,19 +4,91 @@ TensorFlow's collectives cannot take a replacement worker into a running job,
 so a restart is of every worker: the launcher has already stopped the others
 (fail-fast), and `run_with_restarts` starts the job again, on fresh ports, with
 ``MIRRORKIT_RESTART`` set to the attempt number. A script that trains with
-`keras.callbacks.BackupAndRestore` (on a directory every attempt sees) resumes
-from its last backup; one without it starts over. Each restart is said with its
-cause; after N restarts the last failure is the job's.
+`mk.resumable(dir)` (Keras's `BackupAndRestore`, set up for it) resumes from
+its last backup; one without it starts over.
+
+N counts the restarts at one failing step: a job that keeps failing at the
+same step (a bad batch, a corrupt backup, out of memory at a given point)
+stops after N restarts there, while one that fails somewhere new each time
+(preemptible machines) gets N restarts at each place. Where the job failed is
+known from `mk.resumable`'s progress record (`mirrorkit.faults.progress`); a
+job without it has one place, "unknown", so N counts all its restarts.
+
+Each restart is said with its cause, where it failed, where it resumes and
+the steps redone, e.g. ``restart 1 of 3: worker 1 killed by SIGKILL at epoch
+2 step 5; resuming from the backup at epoch 2 step 0: 5 steps redone``.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import signal
 from collections.abc import Callable
 
+from mirrorkit.faults import progress
 from mirrorkit.launcher.processes import WorkerError
 
 #: Environment variable holding the attempt number (0: the first launch).
 ENV = "MIRRORKIT_RESTART"
+
+
+@dataclasses.dataclass(frozen=True)
+class Failure:
+    """Where a failed attempt stopped and where the next one resumes.
+
+    Attributes:
+        at: the chief's epoch and step when the job failed; None if unknown.
+        resume: where the backup resumes the job; None without a backup.
+        steps_per_epoch: the epoch length, for the steps redone.
+    """
+
+    at: progress.Position | None = None
+    resume: progress.Position | None = None
+    steps_per_epoch: int | None = None
+
+    @classmethod
+    def read(cls, progress_file: str | None) -> Failure:
+        """What the chief's progress file (and its backup) say about a failed attempt."""
+        record = progress.read(progress_file)
+        if record is None:
+            return cls()
+        return cls(record.at, progress.backup_position(record.backup_dir), record.steps_per_epoch)
+
+    def where(self) -> str:
+        """`` at epoch E step S`` (or nothing when unknown)."""
+        return "" if self.at is None else f" at {self.at}"
+
+    def resuming(self) -> str:
+        """How the next attempt resumes, with the steps redone when known."""
+        if self.resume is None:
+            return (
+                "the job starts again from the beginning (no mk.resumable backup was seen; "
+                "with one it resumes from its last backup)"
+            )
+        text = f"resuming from the backup at {self.resume}"
+        done = None if self.at is None else self.at.steps(self.steps_per_epoch)
+        start = self.resume.steps(self.steps_per_epoch)
+        if done is not None and start is not None:
+            text += f": {max(done - start, 0)} step(s) redone"
+        return text
+
+
+def exit_cause(exit_code: int) -> str:
+    """``killed by SIGKILL`` for -9, ``failed with exit code 3`` for 3.
+
+    Example:
+    ```python
+    from mirrorkit.faults.restart import exit_cause
+
+    assert exit_cause(-9) == "killed by SIGKILL"
+    ```
+    """
+    if exit_code < 0:
+        try:
+            return f"killed by {signal.Signals(-exit_code).name}"
+        except ValueError:
+            return f"killed by signal {-exit_code}"
+    return f"failed with exit code {exit_code}"
 
 
 def run_with_restarts(
@@ -25,20 +97,25 @@ def run_with_restarts(
     say: Callable[[str], None],
     *,
     describe: Callable[[WorkerError], str] = str,
+    failure: Callable[[int], Failure] | None = None,
 ) -> int:
     """Runs `run_once(attempt)` until it returns, restarting on `WorkerError`.
 
     Args:
         run_once: runs the whole job once; ``attempt`` counts from 0.
-        max_restarts: how many times a failed job is started again.
+        max_restarts: how many times the job is started again after failing
+            at one step (each step where it fails has its own count).
         say: prints one launcher line.
-        describe: how a failure is named in the restart line.
+        describe: how a failure's cause is named (``worker 1 killed by SIGKILL``).
+        failure: ``failure(attempt)`` tells where that attempt failed and
+            where the next resumes; None: unknown (every failure counts together).
 
     Returns:
         How many restarts it took.
 
     Raises:
-        WorkerError: the last failure, once `max_restarts` are used up.
+        WorkerError: the last failure, once `max_restarts` restarts at the
+            step where it failed are used up.
 
     Example:
     ```python
@@ -50,6 +127,7 @@ def run_with_restarts(
     if isinstance(max_restarts, bool) or not isinstance(max_restarts, int) or max_restarts < 0:
         raise ValueError(f"max_restarts={max_restarts!r}: give a whole number >= 0")
     attempt = 0
+    at_step: dict[progress.Position | None, int] = {}
     while True:
         try:
             run_once(attempt)
@@ -57,13 +135,21 @@ def run_with_restarts(
                 say(f"the job finished after {attempt} restart(s)")
             return attempt
         except WorkerError as err:
-            if attempt >= max_restarts:
+            where = failure(attempt) if failure else Failure()
+            count = at_step.get(where.at, 0)
+            if count >= max_restarts:
                 if max_restarts:
-                    say(f"{describe(err)}; no restart left (--max-restarts {max_restarts})")
+                    place = "there" if where.at is not None else "(the step is unknown)"
+                    say(
+                        f"{describe(err)}{where.where()}; no restart left: it failed "
+                        f"{count + 1} times {place} (--max-restarts {max_restarts} counts the "
+                        "restarts at each failing step)"
+                    )
                 raise
+            at_step[where.at] = count + 1
             attempt += 1
             say(
-                f"restart {attempt} of {max_restarts}: {describe(err)}; every worker was "
-                "stopped and the whole job starts again on fresh ports (it resumes from its "
-                "last BackupAndRestore backup, if it keeps one)"
+                f"restart {count + 1} of {max_restarts}: {describe(err)}{where.where()}; "
+                f"{where.resuming()}. Every worker was stopped and the whole job starts again "
+                "on fresh ports"
             )

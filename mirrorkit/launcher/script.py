@@ -11,8 +11,9 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import tempfile
 
-from mirrorkit.faults import restart
+from mirrorkit.faults import preemption, progress, restart
 from mirrorkit.faults.restart import ENV as RESTART_ENV
 from mirrorkit.launcher import cluster_spec, hosts, local_job, processes
 from mirrorkit.watchdog import ENV as HANG_ENV
@@ -47,9 +48,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--max-restarts",
         type=int,
         default=0,
-        help="when a worker fails, stop every worker and start the whole job again, up to N "
-        "times (fresh ports, MIRRORKIT_RESTART set to the attempt); a script with "
-        "keras.callbacks.BackupAndRestore resumes from its last backup",
+        help="when a worker fails, stop every worker and start the whole job again (fresh "
+        "ports, MIRRORKIT_RESTART set to the attempt), up to N times at the same failing step; "
+        "a script whose fit has mk.resumable(dir) resumes from its last backup",
     )
     parser.add_argument(
         "--hang-timeout",
@@ -189,6 +190,9 @@ def run(args: argparse.Namespace) -> int:
         f"cluster {', '.join(job.addresses)}"
     )
 
+    progress_dir = tempfile.TemporaryDirectory(prefix="mirrorkit-progress-")
+    progress_file = os.path.join(progress_dir.name, "progress.json")
+
     def run_once(attempt: int) -> None:
         nonlocal job
         job = layout(args) if attempt else job  # fresh ports for a restart
@@ -203,20 +207,43 @@ def run(args: argparse.Namespace) -> int:
             log_dir=args.log_dir,
             tf_startup_logs=args.tf_startup_logs,
             wording=local_job.FLAGS,
-            env=lambda i: {RESTART_ENV: str(attempt), **(hang(i) if hang else {})},
+            env=lambda i: {
+                RESTART_ENV: str(attempt),
+                progress.ENV: progress_file,
+                **(hang(i) if hang else {}),
+            },
         )
 
     def describe(err: processes.WorkerError) -> str:
-        return f"worker {job.first_rank + err.worker} failed with exit code {err.exit_code}"
+        return f"worker {job.first_rank + err.worker} {restart.exit_cause(err.exit_code)}"
+
+    def run_preemptible(attempt: int) -> None:
+        try:
+            run_once(attempt)
+        except processes.WorkerError as err:
+            if err.exit_code == preemption.EXIT_STATUS:
+                raise preemption.Preempted(job.first_rank + err.worker) from None
+            raise
 
     try:
-        restart.run_with_restarts(run_once, args.max_restarts, local_job.say, describe=describe)
+        with progress_dir:
+            restart.run_with_restarts(
+                run_preemptible,
+                args.max_restarts,
+                local_job.say,
+                describe=describe,
+                failure=lambda _attempt: restart.Failure.read(progress_file),
+            )
+    except preemption.Preempted as err:
+        local_job.say(str(err))
+        return preemption.EXIT_STATUS
     except processes.WorkerError as err:
         worker = job.first_rank + err.worker
         local_job.say(
-            f"worker {worker} failed with exit code {err.exit_code}; "
+            f"worker {worker} {restart.exit_cause(err.exit_code)}; "
             "the other workers on this host were stopped"
             + hang_note(err.exit_code, args.hang_timeout_s)
+            + hosts.lost_peer_note(err.worker_traceback, job)
         )
         return err.exit_code if 0 < err.exit_code < 256 else 1
     except TimeoutError as err:
@@ -226,4 +253,3 @@ def run(args: argparse.Namespace) -> int:
         local_job.say("interrupted; every worker was stopped")
         return 130
     return 0
-

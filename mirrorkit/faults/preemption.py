@@ -1,0 +1,239 @@
+"""Preemption and rescaling: a checkpoint at one step boundary on SIGTERM, resumed anywhere.
+
+`PreemptionCheckpoint` is a Keras callback around TensorFlow's own
+`tf.distribute.experimental.PreemptionCheckpointHandler`, which catches
+SIGTERM (a cloud VM being reclaimed, Slurm's signal before the kill) on any
+worker, agrees with every worker on the step after the one in flight (through
+the cluster's coordination service), and there saves one checkpoint. The
+callback adds what Keras's ``fit`` needs from it:
+
+- the check runs before each training step, so the checkpoint holds the
+  weights, the optimizer and the count of the steps completed, all at the same
+  step boundary on every worker; then every worker exits with status
+  `EXIT_STATUS` (42), and `mirrorkit launch` ends with it, saying so;
+- the next run restores the checkpoint and resumes at that epoch *and step*:
+  the steps already done in that epoch are read from the input but not trained
+  (the batches are drawn and dropped), so the remaining steps see the same
+  global batches as an uninterrupted run;
+- the global batch size is in the checkpoint, and the worker or replica count
+  is not: a job preempted on 2 workers (or 4 replicas) resumes on 1 (or 2)
+  with the same global batch and the same result, since `mk.distribute` cuts
+  the same global batches whatever the replica count. A different global
+  batch is refused unless ``new_global_batch=True``.
+
+The checkpoint is TensorFlow's (``tf.train.Checkpoint`` of the model and its
+optimizer); the chief keeps it in ``checkpoint_dir`` (storage every worker
+sees) and deletes it when ``fit`` completes. Resuming at a step needs an input
+that gives the same batches each run: ``mk.distribute(..., shuffle=False)`` or
+data whose order does not depend on how often it was iterated.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+from typing import Any
+
+import keras
+import tensorflow as tf
+
+from mirrorkit import chief, internals
+
+#: Exit status of a worker that saved its checkpoint on SIGTERM (TensorFlow's own choice
+#: for multi-worker jobs outside Google's platforms, kept).
+EXIT_STATUS = 42
+
+
+class Preempted(Exception):
+    """`mirrorkit launch`: a worker exited with `EXIT_STATUS` after a preemption checkpoint."""
+
+    def __init__(self, worker: int):
+        self.worker = worker
+        super().__init__(
+            f"worker {worker} was preempted (SIGTERM): every worker saved the preemption "
+            f"checkpoint at the same step and exited with status {EXIT_STATUS}. Run the same "
+            "command again to resume from it."
+        )
+
+
+class PreemptionCheckpoint(keras.callbacks.Callback):
+    """Saves a checkpoint at one step boundary on SIGTERM and resumes from it at that step.
+
+    Args:
+        checkpoint_dir: where the checkpoint lives: storage every worker sees,
+            used for nothing else.
+        global_batch_size: this run's global batch: an int, or the dataset
+            `mk.distribute` returned (it carries ``global_batch_size``).
+        new_global_batch: allow resuming a checkpoint saved with another
+            global batch (the epoch resumes after the examples already used,
+            said once); without it that is refused.
+
+    Raises (at the start of ``fit``):
+        ValueError: the checkpoint has another global batch, and
+            ``new_global_batch`` is False; ``steps_per_execution`` is not 1.
+
+    Example:
+    ```python
+    import mirrorkit as mk
+
+    data = mk.distribute((x, y), strategy, global_batch_size=256, shuffle=False)
+    model.fit(data, epochs=10, callbacks=[mk.PreemptionCheckpoint("/shared/run1/preempt", data)])
+    # SIGTERM to any worker: every worker saves at the same step, exits 42; run it again
+    ```
+    """
+
+    def __init__(
+        self, checkpoint_dir: str, global_batch_size: Any, *, new_global_batch: bool = False
+    ):
+        super().__init__()
+        if not checkpoint_dir:
+            raise ValueError(
+                f"PreemptionCheckpoint(checkpoint_dir={checkpoint_dir!r}): give a directory on "
+                "storage every worker sees, used for nothing else."
+            )
+        size = getattr(global_batch_size, "global_batch_size", global_batch_size)
+        if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+            raise ValueError(
+                f"PreemptionCheckpoint(global_batch_size={global_batch_size!r}): give the "
+                "global batch size (an int) or the dataset mk.distribute returned."
+            )
+        self.checkpoint_dir = str(checkpoint_dir)
+        self.global_batch_size = size
+        self.new_global_batch = bool(new_global_batch)
+        self._handler = None
+        self._skip = 0
+        self._resume_epoch = None
+
+    def on_train_begin(self, logs=None):
+        """Restores the checkpoint, if any; checks the global batch; starts watching for SIGTERM."""
+        model = self.model
+        if getattr(model, "steps_per_execution", 1) != 1:
+            raise ValueError(
+                f"PreemptionCheckpoint needs steps_per_execution=1 (compile() has "
+                f"{model.steps_per_execution}): it agrees on the step to save at between steps."
+            )
+        steps = (self.params or {}).get("steps")
+        if not steps:
+            raise ValueError(
+                "PreemptionCheckpoint needs the epoch length: give fit() steps_per_epoch=, or "
+                "data whose length is known (mk.distribute's in-memory arrays)."
+            )
+        strategy = model.distribute_strategy
+        with strategy.scope():
+            if model.optimizer is not None and not model.optimizer.built:
+                model.optimizer.build(model.trainable_variables)
+        self._epoch = tf.Variable(0, dtype=tf.int64, trainable=False)
+        self._step = tf.Variable(0, dtype=tf.int64, trainable=False)
+        self._batch = tf.Variable(0, dtype=tf.int64, trainable=False)
+        checkpoint = tf.train.Checkpoint(
+            model=model,
+            optimizer=model.optimizer,
+            mirrorkit_epoch=self._epoch,
+            mirrorkit_step=self._step,
+            mirrorkit_global_batch=self._batch,
+        )
+        config = tf.distribute.experimental.TerminationConfig(exit_fn=self._exit)
+        self._handler = tf.distribute.experimental.PreemptionCheckpointHandler(
+            getattr(strategy, "cluster_resolver", None),
+            checkpoint,
+            checkpoint_dir=self.checkpoint_dir,
+            termination_config=config,
+        )
+        saved_batch = int(self._batch.numpy())
+        if saved_batch == 0:  # nothing restored: a fresh start
+            self._batch.assign(self.global_batch_size)
+            return
+        epoch, step = int(self._epoch.numpy()), int(self._step.numpy())
+        if saved_batch != self.global_batch_size:
+            if not self.new_global_batch:
+                raise ValueError(
+                    f"The preemption checkpoint in {self.checkpoint_dir} was saved with global "
+                    f"batch {saved_batch}, and this run's is {self.global_batch_size}: resuming "
+                    "would change the training (another batch, another number of steps). Resume "
+                    f"with global_batch_size={saved_batch} (any number of workers or replicas "
+                    "that divides it), or pass PreemptionCheckpoint(..., new_global_batch=True) "
+                    "to continue with the new batch."
+                )
+            used = step * saved_batch
+            step = used // self.global_batch_size
+            chief.say_once(
+                f"preempt-new-batch-{saved_batch}-{self.global_batch_size}",
+                f"resuming a checkpoint of global batch {saved_batch} with global batch "
+                f"{self.global_batch_size} (new_global_batch=True): epoch {epoch + 1} continues "
+                f"after {step * self.global_batch_size} of the {used} examples it had used",
+            )
+            self._batch.assign(self.global_batch_size)
+        if step >= steps:
+            epoch, step = epoch + 1, 0
+        internals.require(
+            model,
+            "_initial_epoch",
+            name="keras Model._initial_epoch",
+            used_for="resuming fit at the checkpoint's epoch",
+        )
+        model._initial_epoch = epoch
+        self._resume_epoch, self._skip = epoch, step
+        chief.print(
+            f"mirrorkit: resuming from the preemption checkpoint at epoch {epoch + 1} step {step} "
+            f"(global batch {self.global_batch_size}, {strategy.num_replicas_in_sync} replicas)"
+        )
+
+    def on_epoch_begin(self, epoch, logs=None):
+        """Notes the epoch; in the resumed epoch, drops the batches already trained."""
+        self._epoch.assign(epoch)
+        if epoch == self._resume_epoch and self._skip:
+            self._skip_steps(self._skip)
+
+    def on_train_batch_begin(self, batch, logs=None):
+        """Between steps: saves and exits here if a worker was preempted (TF's handler)."""
+        if self._skipping:
+            return
+        self._step.assign(batch)
+        self._handler.save_checkpoint_if_preempted()
+
+    def on_train_end(self, logs=None):
+        """A completed fit needs no preemption checkpoint: the chief deletes it."""
+        self._restore_train_function()
+        if chief.is_chief() and os.path.isdir(self.checkpoint_dir):
+            shutil.rmtree(self.checkpoint_dir, ignore_errors=True)
+
+    # -- resuming mid-epoch -------------------------------------------------
+
+    _skipping = 0
+    _train_function = None
+
+    def _skip_steps(self, count: int) -> None:
+        """The first `count` steps of this epoch draw their batch and drop it."""
+        model = self.model
+        self._train_function = internals.require(
+            model,
+            "train_function",
+            name="keras Trainer.train_function",
+            used_for="resuming a preempted fit in the middle of an epoch",
+        )
+        self._skipping = count
+
+        def skip(iterator):
+            next(iterator)
+            self._skipping -= 1
+            if not self._skipping:
+                self._restore_train_function()
+            return {}
+
+        model.train_function = skip
+
+    def _restore_train_function(self) -> None:
+        if self._train_function is not None:
+            self.model.train_function = self._train_function
+            self._train_function = None
+            self._skipping = 0
+
+    def _exit(self) -> None:
+        chief.print(
+            f"mirrorkit: preempted (SIGTERM): checkpoint saved in {self.checkpoint_dir} at epoch "
+            f"{int(self._epoch.numpy()) + 1} step {int(self._step.numpy())}; exiting with status "
+            f"{EXIT_STATUS}. Run the same command again to resume."
+        )
+        sys.stdout.flush()
+        sys.exit(EXIT_STATUS)

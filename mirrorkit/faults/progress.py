@@ -1,0 +1,107 @@
+"""Where a job was when it failed, and where its backup will resume it.
+
+Under `mirrorkit launch`, the chief's `mk.resumable` backup writes one small
+JSON file as it trains (the launcher names it in ``MIRRORKIT_PROGRESS``): the
+backup directory, the steps per epoch, and the epoch and step it is on. When
+a worker fails, the launcher reads that file and the backup's own
+``training_metadata.json`` (Keras's `BackupAndRestore`) to say where the job
+failed, where it will resume, and how many steps are redone. Nothing here
+imports TensorFlow or Keras: the launcher reads these files.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+
+#: Environment variable naming the progress file the chief writes.
+ENV = "MIRRORKIT_PROGRESS"
+
+
+@dataclasses.dataclass(frozen=True)
+class Position:
+    """A point in training: 0-based epoch and the steps completed in it.
+
+    Attributes:
+        epoch: 0-based epoch (said 1-based, as Keras's progress bar does).
+        step: steps completed in that epoch.
+    """
+
+    epoch: int
+    step: int
+
+    def __str__(self) -> str:
+        return f"epoch {self.epoch + 1} step {self.step}"
+
+    def steps(self, steps_per_epoch: int | None) -> int | None:
+        """Steps completed since the start of training, when the epoch length is known."""
+        if self.epoch == 0:
+            return self.step
+        return None if not steps_per_epoch else self.epoch * steps_per_epoch + self.step
+
+
+@dataclasses.dataclass(frozen=True)
+class Progress:
+    """What the chief last wrote: the backup directory, epoch length and position.
+
+    Attributes:
+        backup_dir: the `mk.resumable` backup directory.
+        steps_per_epoch: steps in an epoch, None when Keras did not know it.
+        at: the epoch and the step the chief was on (steps completed in it).
+    """
+
+    backup_dir: str
+    steps_per_epoch: int | None
+    at: Position
+
+
+def write(path: str, backup_dir: str, steps_per_epoch: int | None, at: Position) -> None:
+    """Replaces the progress file at `path` (written whole, then renamed).
+
+    Example:
+    ```python
+    from mirrorkit.faults import progress
+
+    progress.write("/tmp/p.json", "/tmp/backup", 4, progress.Position(1, 2))
+    ```
+    """
+    record = {"backup_dir": backup_dir, "steps_per_epoch": steps_per_epoch}
+    record.update(epoch=at.epoch, step=at.step)
+    tmp = f"{path}.tmp"
+    with open(tmp, "w") as f:
+        json.dump(record, f)
+    os.replace(tmp, path)
+
+
+def read(path: str | None) -> Progress | None:
+    """The progress file at `path`, or None when there is none (no `mk.resumable`)."""
+    if not path:
+        return None
+    try:
+        with open(path) as f:
+            record = json.load(f)
+        return Progress(
+            record["backup_dir"],
+            record["steps_per_epoch"],
+            Position(int(record["epoch"]), int(record["step"])),
+        )
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def backup_position(backup_dir: str) -> Position | None:
+    """Where Keras's `BackupAndRestore` in `backup_dir` resumes; None without a backup dir.
+
+    Keras restores the epoch from ``training_metadata.json`` and starts that
+    epoch from its first step. The metadata is written after the weights, so
+    a write cut short leaves the previous epoch's metadata, which is where
+    ``double_checkpoint``'s previous weights resume.
+    """
+    for name in ("training_metadata.json", "training_metadata.json.bkp"):
+        try:
+            with open(os.path.join(backup_dir, name)) as f:
+                return Position(int(json.load(f)["epoch"]), 0)
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+    return Position(0, 0) if os.path.isdir(backup_dir) else None

@@ -1,0 +1,87 @@
+"""Rescale by restart: a job preempted on 4 replicas resumes on 2 with the same result.
+
+The preemption checkpoint (`mk.PreemptionCheckpoint`) carries the step count
+and the global batch, not the replica count, and `mk.distribute` cuts the same
+global batches whatever the replica count, so a run SIGTERMed in the middle of
+epoch 2 on 4 CPU replicas and resumed on 2 ends where an uninterrupted run
+ends. Runs in the pytest process (4 logical CPUs): TensorFlow's own
+`PreemptionCheckpointHandler` catches the SIGTERM.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+
+import keras
+import numpy as np
+import pytest
+
+import mirrorkit as mk
+from mirrorkit.faults.preemption import EXIT_STATUS
+from tests._training import GLOBAL_BATCH, make_data, make_model
+
+EPOCHS = 3
+
+
+class _TermAt(keras.callbacks.Callback):
+    """Sends this process SIGTERM at the start of (epoch, batch): a cloud VM being reclaimed."""
+
+    def __init__(self, epoch, batch):
+        super().__init__()
+        self.at, self.epoch = (epoch, batch), None
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self.epoch = epoch
+
+    def on_train_batch_begin(self, batch, logs=None):
+        if (self.epoch, batch) == self.at:
+            os.kill(os.getpid(), signal.SIGTERM)
+
+
+def _train(replicas, callbacks, global_batch=GLOBAL_BATCH):
+    strategy = mk.strategy(cpu_replicas=replicas)
+    model = mk.build(lambda: make_model("sgd", 0.1), strategy)
+    data = mk.distribute(make_data(), strategy, global_batch_size=global_batch, shuffle=False)
+    model.fit(data, epochs=EPOCHS, verbose=0, callbacks=[c(data) for c in callbacks])
+    return np.concatenate([w.ravel() for w in model.get_weights()])
+
+
+@pytest.fixture
+def sigterm_handler_restored():
+    before = signal.getsignal(signal.SIGTERM)
+    yield
+    signal.signal(signal.SIGTERM, before)
+
+
+def test_preempted_on_4_replicas_resumes_on_2_equal_to_uninterrupted(
+    tmp_path, capsys, sigterm_handler_restored
+):
+    ckpt = str(tmp_path / "preempt")
+    with pytest.raises(SystemExit) as stopped:
+        _train(4, [lambda d: mk.PreemptionCheckpoint(ckpt, d), lambda d: _TermAt(1, 1)])
+    assert stopped.value.code == EXIT_STATUS
+    out = capsys.readouterr().out
+    # SIGTERM before batch 1: TF agrees on the boundary after the next step (batch 3)
+    assert "preempted (SIGTERM): checkpoint saved" in out and "at epoch 2 step 3" in out, out
+    resumed = _train(2, [lambda d: mk.PreemptionCheckpoint(ckpt, d)])
+    out = capsys.readouterr().out
+    assert "resuming from the preemption checkpoint at epoch 2 step 3" in out, out
+    assert "2 replicas" in out
+    assert not os.path.exists(ckpt), "a completed fit deletes its preemption checkpoint"
+    reference = _train(2, [])
+    np.testing.assert_allclose(resumed, reference, rtol=0, atol=1e-5)
+    assert np.abs(resumed - _train(2, [], global_batch=16)).max() > 1e-3  # a different run differs
+
+
+def test_a_different_global_batch_on_resume_is_refused_unless_asked(
+    tmp_path, capsys, sigterm_handler_restored
+):
+    ckpt = str(tmp_path / "preempt")
+    with pytest.raises(SystemExit):
+        _train(2, [lambda d: mk.PreemptionCheckpoint(ckpt, d), lambda d: _TermAt(0, 1)])
+    with pytest.raises(ValueError, match="saved with global batch 32, and this run's is 16"):
+        _train(2, [lambda d: mk.PreemptionCheckpoint(ckpt, d)], global_batch=16)
+    _train(2, [lambda d: mk.PreemptionCheckpoint(ckpt, d, new_global_batch=True)], global_batch=16)
+    said = capsys.readouterr()
+    assert "resuming a checkpoint of global batch 32 with global batch 16" in said.err + said.out

@@ -135,3 +135,66 @@ def from_slurm(env: Mapping[str, str], nproc: int, port: int = DEFAULT_PORT) -> 
     if len(hosts) < 2:
         return None
     return multi_host(hosts, int(node_id), nproc, port)
+
+
+# What TensorFlow prints when a worker's peer stops answering (TF 2.21): the
+# coordination service on worker 0 names the tasks whose heartbeats stopped;
+# another worker's heartbeat to worker 0 times out; MWMS's own health check
+# names a task it found down.
+_UNHEALTHY = re.compile(
+    r"tasks are unhealthy \(stopped sending heartbeats\):((?:\s*/job:\w+/replica:\d+/task:\d+)+)"
+)
+_TASK = re.compile(r"/task:(\d+)")
+_HEALTH_CHECK = re.compile(r"cluster check alive failed, /job:\w+/replica:\d+/task:(\d+) is down")
+_HEARTBEAT_RPC = "RPC: /tensorflow.CoordinationService/Heartbeat"
+
+
+def lost_peers(output: str, worker_count: int) -> list[int]:
+    r"""The ranks of the peers a failed worker's output says it lost contact with.
+
+    Args:
+        output: the last lines a failed worker printed (its traceback).
+        worker_count: workers in the job.
+
+    Returns:
+        Ranks in increasing order; empty when the output names no lost peer.
+
+    Example:
+    ```python
+    from mirrorkit.launcher.hosts import lost_peers
+
+    said = "tasks are unhealthy (stopped sending heartbeats):\n/job:worker/replica:0/task:1"
+    assert lost_peers(said, 2) == [1]
+    ```
+    """
+    ranks = {int(t) for found in _UNHEALTHY.findall(output) for t in _TASK.findall(found)}
+    ranks.update(int(t) for t in _HEALTH_CHECK.findall(output))
+    if not ranks and _HEARTBEAT_RPC in output:
+        ranks.add(0)  # worker 0 runs the coordination service every worker sends heartbeats to
+    return sorted(r for r in ranks if 0 <= r < worker_count)
+
+
+def lost_peer_note(output: str, job: Layout) -> str:
+    """Says which host a failed worker of a multi-host job lost, or "" when it lost none.
+
+    Appended to the launcher's "worker N failed" line, so that a cut link or a
+    dead host reads as that, not as TensorFlow's gRPC trace (which calls an
+    unreachable peer "crashed" and names it only as ``/job:worker/task:N``).
+
+    Args:
+        output: the failed worker's last lines.
+        job: the job's layout.
+    """
+    ranks = lost_peers(output, len(job.addresses))
+    if not job.multi_host or not ranks:
+        return ""
+    peers = ", ".join(
+        f"worker {r} at {job.addresses[r]} (--node-rank {r // job.local_workers})" for r in ranks
+    )
+    return (
+        f"; it lost contact with {peers}: that host stopped answering within TensorFlow's "
+        "heartbeat timeout, so it is down or the network between the hosts failed (TensorFlow's "
+        "trace above calls it 'crashed' either way). Check that host and the link to it, then run "
+        "the same mirrorkit launch on every host again; a script with "
+        "keras.callbacks.BackupAndRestore resumes from its last backup"
+    )

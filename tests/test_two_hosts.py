@@ -1,0 +1,252 @@
+"""Two hosts for real: a job over two network namespaces loses one host's link mid-run.
+
+Each "host" is a network namespace of the test's own, joined to the other by a
+veth pair on a private subnet (10.200.0.1 and 10.200.0.2/24; see
+`_two_hosts`). Each host runs ``mirrorkit launch -n 1 --nnodes 2 --node-rank
+K --hosts 10.200.0.1,10.200.0.2``, as two machines would. In the middle of
+epoch 2 of 4 host 1's link goes down (no RST: packets are lost). Host 0's
+worker must end with an error within the collective timeout, its launcher's
+last line naming the host it lost; host 1 ends too; no worker process is
+left. With the link back, the same two commands resume from the chief's
+``keras.callbacks.BackupAndRestore`` backup (end of epoch 1) and finish with
+the weights one device gives on the same global batch.
+
+Where namespaces cannot be made (not root, no iproute2), the hosts are
+127.0.0.1 and 127.0.0.2 in this machine's network and there is no link to cut:
+host 1's launcher and worker are frozen with SIGSTOP instead (the same silence
+for host 0, no connection reset), and thawed after host 0 has ended.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from _two_hosts import Hosts
+
+pytestmark = pytest.mark.slow
+TESTS = str(Path(__file__).parent)
+ROOT = str(Path(__file__).parent.parent)
+#: `mk.strategy(timeout_s=...)` in the workers: the bound on a collective's wait.
+COLLECTIVE_TIMEOUT_S = 30
+#: Time a worker and its launcher take to exit after the error (TensorFlow's teardown).
+EXIT_GRACE_S = 30
+#: The port of each host's worker in the namespaces (each has its own ports).
+PORT = 29470
+
+_SCRIPT = """
+    import os, sys, time
+    open(os.path.join(sys.argv[1], str(os.getpid())), "w").close()
+    sys.path.insert(0, {tests!r})
+    import keras
+    import numpy as np
+    from _training import GLOBAL_BATCH, make_data, make_model
+    import mirrorkit as mk
+
+    backup, out, pause = sys.argv[2], sys.argv[3], float(sys.argv[4])
+    strategy = mk.strategy(timeout_s={timeout})
+    rank = mk.describe(strategy).worker_index
+    model = mk.build(lambda: make_model("sgd", 0.1), strategy)
+    data = mk.distribute(make_data(), strategy, global_batch_size=GLOBAL_BATCH, shuffle=False)
+
+    class Events(keras.callbacks.Callback):
+        def on_epoch_begin(self, epoch, logs=None):
+            self.epoch = epoch + 1
+            print(f"RAN epoch {{self.epoch}} worker {{rank}}", flush=True)
+
+        def on_train_batch_end(self, batch, logs=None):
+            print(f"STEP epoch {{self.epoch}} batch {{batch}} worker {{rank}}", flush=True)
+            time.sleep(pause)  # leaves the test time to cut the link mid-run
+
+    model.fit(data, epochs=4, verbose=0,
+              callbacks=[keras.callbacks.BackupAndRestore(backup), Events()])
+    if mk.is_chief():
+        np.save(out, np.concatenate([w.ravel() for w in model.get_weights()]))
+"""
+
+
+class _Job:
+    """Both hosts' launchers of one run, their logs and their workers' pids."""
+
+    def __init__(self, hosts: Hosts, tmp_path: Path, name: str, addresses: list[str], pause: float):
+        self.hosts, self.launchers, self.logs, self.pid_dirs = hosts, [], [], []
+        script = tmp_path / "train_two_hosts.py"
+        text = _SCRIPT.format(tests=TESTS, timeout=COLLECTIVE_TIMEOUT_S)
+        script.write_text(textwrap.dedent(text))
+        self.out = tmp_path / f"{name}.npy"
+        env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
+        env.pop("TF_CONFIG", None)
+        for rank in (0, 1):
+            pids = tmp_path / f"{name}-pids-{rank}"
+            pids.mkdir()
+            log = tmp_path / f"{name}-host{rank}.log"
+            command = [
+                sys.executable,
+                "-m",
+                "mirrorkit",
+                "launch",
+                "-n",
+                "1",
+                "--no-pin",
+                "--nnodes",
+                "2",
+                "--node-rank",
+                str(rank),
+                "--hosts",
+                ",".join(addresses),
+                str(script),
+                str(pids),
+                str(tmp_path / "backup"),
+                str(self.out),
+                str(pause),
+            ]
+            with open(log, "w") as f:
+                self.launchers.append(
+                    subprocess.Popen(
+                        hosts.enter(rank) + command,
+                        cwd=ROOT,
+                        env=env,
+                        stdout=f,
+                        stderr=subprocess.STDOUT,
+                        start_new_session=True,
+                    )
+                )
+            self.logs.append(log)
+            self.pid_dirs.append(pids)
+
+    def log(self, rank: int) -> str:
+        return self.logs[rank].read_text()
+
+    def workers(self, rank: int) -> list[int]:
+        return [int(p.name) for p in self.pid_dirs[rank].iterdir()]
+
+    def wait_for(self, rank: int, text: str, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        while text not in self.log(rank):
+            if time.monotonic() > deadline or any(p.poll() is not None for p in self.launchers):
+                pytest.fail(f"no {text!r} from host {rank}:\n" + self.both_logs())
+            time.sleep(0.1)
+
+    def wait(self, rank: int, timeout_s: float) -> int:
+        try:
+            return self.launchers[rank].wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"host {rank} still running after {timeout_s:g} s:\n" + self.both_logs())
+
+    def both_logs(self) -> str:
+        return "\n".join(f"--- host {k} ---\n{self.log(k)[-4000:]}" for k in (0, 1))
+
+    def kill(self) -> None:
+        """Ends every launcher and worker still running (thawed first, in case one is frozen)."""
+        pids = [pid for rank in (0, 1) for pid in self.workers(rank)]
+        for launcher in self.launchers:
+            if launcher.poll() is None:
+                pids.append(launcher.pid)
+        for pid in pids:
+            for sig in (signal.SIGCONT, signal.SIGKILL):
+                try:
+                    os.kill(pid, sig)
+                except ProcessLookupError:
+                    break
+        for launcher in self.launchers:
+            launcher.wait()
+
+
+def _running(pid: int) -> bool:
+    """Whether `pid` exists and is not a zombie (a container's init may never reap one)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+@pytest.fixture
+def hosts():
+    made = Hosts()
+    yield made
+    made.close()
+
+
+@pytest.fixture
+def jobs():
+    started: list[_Job] = []
+    yield started
+    for job in started:
+        job.kill()
+
+
+def test_a_cut_link_ends_the_other_host_with_a_clear_error_and_a_relaunch_resumes(
+    hosts, jobs, tmp_path
+):
+    if hosts.mode == "netns":
+        addresses = [f"{address}:{PORT}" for address in hosts.addresses]
+    else:
+        from mirrorkit.launcher.ports import free_ports
+
+        ports = free_ports(2)
+        addresses = [f"{a}:{p}" for a, p in zip(hosts.addresses, ports, strict=True)]
+    first = _Job(hosts, tmp_path, "first", addresses, pause=0.5)
+    jobs.append(first)
+    first.wait_for(0, "STEP epoch 2 batch 1 worker 0", timeout_s=300)  # epoch 1 backed up
+
+    hosts.cut(1, pids=[first.launchers[1].pid, *first.workers(1)])
+    cut = time.monotonic()
+    if hosts.mode == "netns":
+        assert not hosts.reachable(0, 1), "the link is still up"
+    exit_0 = first.wait(0, COLLECTIVE_TIMEOUT_S + EXIT_GRACE_S)
+    took = time.monotonic() - cut
+    said = first.log(0)
+    assert exit_0 == 1, first.both_logs()
+    assert "RAN epoch 4" not in said  # it ended in the middle, not at the end
+    assert (
+        f"mirrorkit: worker 0 failed with exit code 1; the other workers on this host were "
+        f"stopped; it lost contact with worker 1 at {addresses[1]} (--node-rank 1): that host "
+        "stopped answering" in said
+    ), first.both_logs()
+    print(f"host 0 ended {took:.1f} s after host 1 was cut off ({hosts.mode})")
+
+    if hosts.mode == "loopback":
+        hosts.restore(1)  # thawed, host 1 finds host 0 gone
+    exit_1 = first.wait(1, COLLECTIVE_TIMEOUT_S + EXIT_GRACE_S)
+    assert exit_1 != 0, first.both_logs()
+    if hosts.mode == "netns":
+        assert f"it lost contact with worker 0 at {addresses[0]} (--node-rank 0)" in first.log(1)
+    left = [pid for rank in (0, 1) for pid in first.workers(rank) if _running(pid)]
+    assert left == [] and len(first.workers(0)) == len(first.workers(1)) == 1
+
+    hosts.restore(1)
+    again = _Job(hosts, tmp_path, "again", addresses, pause=0)
+    jobs.append(again)
+    assert (again.wait(0, 300), again.wait(1, 60)) == (0, 0), again.both_logs()
+    resumed = again.log(0)
+    assert "RAN epoch 2 worker 0" in resumed and "RAN epoch 1 worker" not in resumed, resumed
+
+    # The reference: one device, no TF_CONFIG, the same global batch and data order.
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
+    env.pop("TF_CONFIG", None)
+    (tmp_path / "ref-pids").mkdir()
+    reference = subprocess.run(
+        [
+            sys.executable,
+            str(tmp_path / "train_two_hosts.py"),
+            str(tmp_path / "ref-pids"),
+            str(tmp_path / "ref-backup"),
+            str(tmp_path / "ref.npy"),
+            "0",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+        cwd=ROOT,
+    )
+    assert reference.returncode == 0, reference.stderr[-3000:]
+    np.testing.assert_allclose(np.load(again.out), np.load(tmp_path / "ref.npy"), atol=1e-5)

@@ -26,6 +26,25 @@ def test_verdict_lines():
     assert verdict(0.05, 0.9).startswith("compute-bound: compute share 0.90")
     assert verdict(0.05, None) == "not input-bound: 5% of each step waits for data"
     assert verdict(None, None) is None
+    assert verdict(0.59, 0.01, 1) == (  # multi-worker: the worker with the largest own wait
+        "input-bound: 59% of each step waits for data on worker 1; "
+        "add prefetch / parallel map / cache"
+    )
+
+
+def test_a_missing_per_worker_iterator_method_is_named_and_wraps_nothing(monkeypatch):
+    from mirrorkit import internals
+    from mirrorkit.throughput.input_clock import InputClock
+
+    before = input_lib.DistributedIterator.get_next
+    monkeypatch.delattr(input_lib._SingleWorkerDatasetIteratorBase, "get_next_as_optional_list")
+    clock = InputClock(capacity=4)
+    with pytest.raises(
+        internals.InternalChangedError,
+        match="_SingleWorkerDatasetIteratorBase.get_next_as_optional_list",
+    ):
+        clock.install()
+    assert not clock.installed and input_lib.DistributedIterator.get_next is before
 
 
 def _make_model():
@@ -172,3 +191,90 @@ def test_calm_epochs_are_one_line_and_bound_ones_each_get_theirs():
         "epochs 1-4 (3 epochs): no bottleneck to fix; epoch 4: not input-bound: 4% of each step "
         "waits for data",
     ], str(report)
+
+
+#: The planted faults of the 2-worker jobs: seconds of a slow map per batch (on every worker),
+#: and seconds worker 1 sleeps after each step of epoch 2 (a slow peer, outside its step).
+SLOW_MAP_S, SLOW_PEER_S = 0.06, 0.05
+
+
+def _two_worker_fit(plant):
+    """One worker of a 2-worker job; its (input wait share, verdict) per epoch.
+
+    ``plant``: None (one epoch, nothing planted), ``"peer"`` (epoch 1 nothing planted,
+    epoch 2 worker 1 sleeps `SLOW_PEER_S` after each step) or ``"map"`` (one epoch with a
+    slow map of `SLOW_MAP_S` a batch on every worker).
+    """
+    import time
+
+    import keras
+    import numpy as np
+    import tensorflow as tf
+
+    import mirrorkit as mk
+    from mirrorkit import cluster
+
+    rank = cluster.from_environment().worker_index  # before TensorFlow starts
+    strategy = mk.strategy()
+
+    def make():
+        model = keras.Sequential(
+            [keras.Input((8,)), keras.layers.Dense(64, activation="relu"), keras.layers.Dense(1)]
+        )
+        model.compile(optimizer="sgd", loss="mse")
+        return model
+
+    model = mk.build(make, strategy)
+    rng = np.random.default_rng(0)
+    x = rng.random((16 * 24, 8)).astype("float32")
+    y = rng.random((16 * 24, 1)).astype("float32")
+
+    def sleep(batch):
+        time.sleep(SLOW_MAP_S)
+        return batch
+
+    def slow(a, b):
+        return tf.ensure_shape(tf.py_function(sleep, [a], tf.float32), [None, 8]), b
+
+    def per_worker(context):  # a finite dataset: get_next agrees with the peer on a next batch
+        data = tf.data.Dataset.from_tensor_slices((x, y))
+        data = data.shard(context.num_input_pipelines, context.input_pipeline_id)
+        data = data.batch(context.get_per_replica_batch_size(16), drop_remainder=True)
+        return data.map(slow) if plant == "map" else data
+
+    class SlowPeer(keras.callbacks.Callback):
+        def on_epoch_begin(self, epoch, logs=None):
+            self.slow = plant == "peer" and rank == 1 and epoch == 1
+
+        def on_train_batch_end(self, batch, logs=None):
+            if self.slow:
+                time.sleep(SLOW_PEER_S)
+
+    throughput = mk.ThroughputCallback(warmup_steps=3, verbose=0)
+    model.fit(
+        mk.distribute(per_worker, strategy, global_batch_size=16),
+        epochs=2 if plant == "peer" else 1,
+        verbose=0,
+        callbacks=[SlowPeer(), throughput],
+    )
+    report = throughput.report
+    return [(e.input_wait_share, e.verdict, str(report)) for e in report.epochs]
+
+
+@pytest.mark.slow
+def test_two_workers_a_slow_peer_and_nothing_planted_are_not_input_bound():
+    from _multiworker import run_workers
+
+    for rank, epochs in enumerate(run_workers(_two_worker_fit, "peer", n=2)):
+        for epoch, (share, said, report) in enumerate(epochs, 1):
+            assert share is not None and share < 0.2, (rank, epoch, report)
+            assert not said.startswith("input-bound"), (rank, epoch, report)
+
+
+@pytest.mark.slow
+def test_two_workers_with_a_slow_map_are_input_bound():
+    from _multiworker import run_workers
+
+    for rank, epochs in enumerate(run_workers(_two_worker_fit, "map", n=2)):
+        ((share, said, report),) = epochs
+        assert share > 0.2 and said.startswith("input-bound: "), (rank, report)

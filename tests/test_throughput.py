@@ -157,12 +157,49 @@ def test_bad_arguments_are_errors():
         mk.ThroughputCallback(straggler_factor=0.9)
     with pytest.raises(ValueError, match="baseline must be a positive"):
         mk.ThroughputCallback(baseline=-1.0)
+    with pytest.raises(ValueError, match="straggler_min_gap_s must be a non-negative number"):
+        mk.ThroughputCallback(straggler_min_gap_s=-0.01)
 
 
 def test_find_straggler():
     assert find_straggler([0.1, 0.1, 0.5], 1.2) == 2
     assert find_straggler([0.1, 0.115], 1.2) is None
     assert find_straggler([0.2, 0.1], 1.5) == 0
+
+
+def test_a_straggler_must_also_be_slower_by_the_gap():
+    # 5 ms against 2 ms is 2.5x: the ratio alone flags it, the 10 ms gap does not.
+    assert find_straggler([0.002, 0.005], 1.2, min_gap_s=0) == 1
+    assert find_straggler([0.002, 0.005], 1.2) is None
+    assert find_straggler([0.002, 0.005], 1.2, min_gap_s=0.003) == 1  # gap reached exactly
+    assert find_straggler([0.02, 0.2, 0.021], 1.2) == 1
+    assert find_straggler([0.1, 0.115], 1.1) == 1  # 15 ms over a 1.15x ratio
+    assert find_straggler([0.1, 0.115], 1.1, min_gap_s=0.02) is None
+
+
+def test_the_callback_applies_the_gap_and_the_report_says_the_rule():
+    import numpy as np
+
+    from mirrorkit.throughput.report import ThroughputReport
+
+    callback = mk.ThroughputCallback(verbose=0, straggler_factor=1.5, straggler_min_gap_s=0.01)
+    callback.report = ThroughputReport(2, 2, 16, None, 1.5, 0.01)
+    callback._epoch_start = 0.0
+    times = np.full(5, 0.25)
+    tiny = callback._figures(1, times, [0.002, 0.005])  # the notebook's medians: 2.5x, 3 ms
+    assert tiny.straggler is None and tiny.spread == pytest.approx(2.5)
+    slow = callback._figures(2, times, [0.02, 0.2])
+    assert slow.straggler == 1
+    callback.report.epochs = [tiny, slow]
+    text = str(callback.report)
+    assert text.splitlines()[-1] == (  # after the table: the one straggler, and the rule
+        "epoch 2: straggler: worker 1 works 200.0 ms a step, the others 20.0 ms "
+        "(flagged when over 1.5x and 10 ms slower)"
+    ), text
+    assert "epoch 1: straggler" not in text
+    line = callback_module._summary_line(slow, callback.report)
+    assert "; STRAGGLER: worker 1 works 200.0 ms a step, the others 20.0 ms (flagged when " in line
+    assert "STRAGGLER" not in callback_module._summary_line(tiny, callback.report)
 
 
 def test_tensorboard_dir_without_tensorboard_is_a_clear_error(monkeypatch):

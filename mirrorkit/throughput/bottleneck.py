@@ -1,8 +1,10 @@
 """The one-line verdict on where a training step's time goes, and the fix to try.
 
-From the measured shares of a step: waiting for input (`InputClock`), and,
-in a multi-worker job, the slowest worker's computation (``compute_share``);
-the rest is the all-reduce and per-step host work.
+From the measured shares of a step: waiting for input (`InputClock`: a
+worker's wait for its own batch, not for the other workers), and, in a
+multi-worker job, the slowest worker's computation (``compute_share``); the
+rest is the all-reduce (the gradients', and a finite dataset's agreement on
+whether there is a next batch) and per-step host work.
 """
 
 from __future__ import annotations
@@ -13,13 +15,20 @@ INPUT_BOUND_SHARE = 0.2
 COMMUNICATION_BOUND_SHARE = 0.7
 
 
-def verdict(input_wait_share: float | None, compute_share: float | None) -> str | None:
+def verdict(
+    input_wait_share: float | None,
+    compute_share: float | None,
+    waiting_worker: int | None = None,
+) -> str | None:
     """One line: input-, communication- or compute-bound, with the fix to try.
 
     Args:
-        input_wait_share: the measured share of each step spent waiting for data.
+        input_wait_share: the measured share of each step spent waiting for data
+            (in a multi-worker job the largest of the workers' own shares).
         compute_share: the slowest worker's computation over the step time
             (multi-worker jobs), or None.
+        waiting_worker: the worker whose input wait that is (multi-worker
+            jobs), named in an input-bound verdict.
 
     Returns:
         The verdict, or None when nothing was measured.
@@ -35,8 +44,9 @@ def verdict(input_wait_share: float | None, compute_share: float | None) -> str 
     if input_wait_share is None and compute_share is None:
         return None
     if input_wait_share is not None and input_wait_share >= INPUT_BOUND_SHARE:
+        whose = "" if waiting_worker is None else f" on worker {waiting_worker}"
         return (
-            f"input-bound: {input_wait_share:.0%} of each step waits for data; "
+            f"input-bound: {input_wait_share:.0%} of each step waits for data{whose}; "
             "add prefetch / parallel map / cache"
         )
     if compute_share is not None and compute_share < COMMUNICATION_BOUND_SHARE:

@@ -14,8 +14,11 @@ import tensorflow as tf
 from mirrorkit import chief, internals
 from mirrorkit import workers as workers_lib
 from mirrorkit.throughput import bottleneck, input_clock
-from mirrorkit.throughput.report import EpochThroughput, ThroughputReport
+from mirrorkit.throughput.report import EpochThroughput, ThroughputReport, straggler_text
 from mirrorkit.throughput.step_clock import StepClock
+
+#: A straggler must also be this many seconds a step slower than the others' median.
+STRAGGLER_MIN_GAP_S = 0.01
 
 
 class ThroughputCallback(keras.callbacks.Callback):
@@ -33,9 +36,16 @@ class ThroughputCallback(keras.callbacks.Callback):
     (measured inside the compiled step and read once an epoch); at epoch end
     the workers exchange their medians with one collective. A worker whose
     median exceeds the median of the others' by more than `straggler_factor`
-    is flagged as a straggler. The slowest worker's median over the median
-    step time is the epoch's ``compute_share``: how much of each step is
-    computation, and so how much the all-reduce, input and host work cost.
+    and by at least `straggler_min_gap_s` is flagged as a straggler. The
+    slowest worker's median over the median step time is the epoch's
+    ``compute_share``: how much of each step is computation, and so how much
+    the all-reduce, input and host work cost.
+
+    Input wait is measured per step inside the compiled step (see
+    `input_clock`): the time until this worker's own batch is there, never
+    the wait for the other workers in a multi-worker ``get_next``. The same
+    collective exchanges the workers' input-wait shares, and the verdict
+    uses the largest: a job waits for its slowest input pipeline.
 
     Args:
         log_every: also print a progress line every this many steps (chief,
@@ -47,6 +57,9 @@ class ThroughputCallback(keras.callbacks.Callback):
             JSON file written by ``mirrorkit bench``; turns per-replica
             throughput into scaling efficiency.
         straggler_factor: how much slower than the others a worker must be.
+        straggler_min_gap_s: how many seconds a step slower than the others'
+            median a worker must also be to be flagged (a ratio alone flags
+            2 ms against 5 ms).
         global_batch_size: examples per step; read from the model's loss
             tracker after the first step when None.
         verbose: 0 silent, 1 one line per epoch (chief only).
@@ -78,6 +91,7 @@ class ThroughputCallback(keras.callbacks.Callback):
         json_path: str | None = None,
         baseline: float | str | None = None,
         straggler_factor: float = 1.2,
+        straggler_min_gap_s: float = STRAGGLER_MIN_GAP_S,
         global_batch_size: int | None = None,
         verbose: int = 1,
     ):
@@ -88,6 +102,11 @@ class ThroughputCallback(keras.callbacks.Callback):
             raise ValueError(f"warmup_steps must be a non-negative integer; got {warmup_steps!r}")
         if straggler_factor <= 1:
             raise ValueError(f"straggler_factor must be above 1; got {straggler_factor!r}")
+        if not straggler_min_gap_s >= 0:
+            raise ValueError(
+                "straggler_min_gap_s must be a non-negative number of seconds; "
+                f"got {straggler_min_gap_s!r}"
+            )
         if tensorboard_dir is not None:
             _require_tensorboard()
         self.log_every = log_every
@@ -96,9 +115,12 @@ class ThroughputCallback(keras.callbacks.Callback):
         self.json_path = json_path
         self.baseline = _read_baseline(baseline)
         self.straggler_factor = straggler_factor
+        self.straggler_min_gap_s = straggler_min_gap_s
         self.global_batch_size = global_batch_size
         self.verbose = verbose
-        self.report = ThroughputReport(0, 1, global_batch_size, self.baseline)
+        self.report = ThroughputReport(
+            0, 1, global_batch_size, self.baseline, straggler_factor, straggler_min_gap_s
+        )
         self._clock = StepClock()
         self._input_clock = input_clock.InputClock()
         self._writer = None
@@ -126,6 +148,8 @@ class ThroughputCallback(keras.callbacks.Callback):
             workers_lib.num_workers(self.model.distribute_strategy),
             self.global_batch_size,
             self.baseline,
+            self.straggler_factor,
+            self.straggler_min_gap_s,
         )
         self._steps_seen = 0
         if self.tensorboard_dir and chief.is_chief() and self._writer is None:
@@ -172,15 +196,22 @@ class ThroughputCallback(keras.callbacks.Callback):
     def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
         """Computes the epoch's figures, adds them to `logs`, reports on the chief."""
         times = np.array(self._step_times)
+        waits = self._input_clock.read_new()
+        own_wait = input_clock.wait_share(waits, times) if self._steps_per_call() == 1 else None
         compute = self._clock.read_new() if self._clock.installed else np.zeros(0)
-        worker_medians = self._gather_worker_medians(compute)
+        worker_medians, worker_waits = self._gather_worker_figures(compute, own_wait)
         if times.size == 0:
             return
         figures = self._figures(epoch + 1, times, worker_medians)
-        waits = self._input_clock.read_new()
-        if self._steps_per_call() == 1:
-            figures.input_wait_share = input_clock.wait_share(waits, times)
-        figures.verdict = bottleneck.verdict(figures.input_wait_share, figures.compute_share)
+        figures.input_wait_share = own_wait
+        waiting_worker = None
+        if worker_waits and None not in worker_waits:
+            figures.worker_input_wait_share = worker_waits
+            waiting_worker = int(np.argmax(worker_waits))
+            figures.input_wait_share = worker_waits[waiting_worker]
+        figures.verdict = bottleneck.verdict(
+            figures.input_wait_share, figures.compute_share, waiting_worker
+        )
         self.report.epochs.append(figures)
         if logs is not None:
             logs["examples_per_sec"] = figures.examples_per_sec
@@ -229,7 +260,9 @@ class ThroughputCallback(keras.callbacks.Callback):
             figures.worker_compute_median_s = worker_medians
             figures.slowest_worker = int(np.argmax(worker_medians))
             figures.spread = max(worker_medians) / min(worker_medians)
-            figures.straggler = find_straggler(worker_medians, self.straggler_factor)
+            figures.straggler = find_straggler(
+                worker_medians, self.straggler_factor, self.straggler_min_gap_s
+            )
             figures.compute_share = max(worker_medians) / figures.step_time_median_s
         return figures
 
@@ -259,17 +292,23 @@ class ThroughputCallback(keras.callbacks.Callback):
             return None
         return int(round(float(keras.ops.convert_to_numpy(count)) / max(self._calls, 1) / steps))
 
-    def _gather_worker_medians(self, compute: np.ndarray) -> list[float]:
-        """Every worker's median own-work time, exchanged by one collective."""
+    def _gather_worker_figures(
+        self, compute: np.ndarray, input_wait: float | None
+    ) -> tuple[list[float], list[float | None]]:
+        """Every worker's median own-work time and input-wait share, by one collective."""
         workers = self.report.num_workers
         if workers < 2 or not self._clock.installed:
-            return []
+            return [], []
         skip = (
             min(self.warmup_steps, max(compute.size - 1, 0)) if len(self.report.epochs) == 0 else 0
         )
         mine = float(np.median(compute[skip:])) if compute.size else 0.0
-        table = workers_lib.gather(self.model.distribute_strategy, [mine])
-        return [float(v) for v in table[:, 0]]
+        wait = -1.0 if input_wait is None else input_wait  # no share: -1 (shares are >= 0)
+        table = workers_lib.gather(self.model.distribute_strategy, [mine, wait])
+        return (
+            [float(v) for v in table[:, 0]],
+            [None if v < 0 else float(v) for v in table[:, 1]],
+        )
 
     def _write_tensorboard(self, figures: EpochThroughput) -> None:
         with self._writer.as_default():
@@ -289,11 +328,22 @@ class ThroughputCallback(keras.callbacks.Callback):
         self._writer.flush()
 
 
-def find_straggler(medians: list[float], factor: float) -> int | None:
-    """The worker whose median exceeds the median of the others' by more than `factor`.
+def find_straggler(
+    medians: list[float], factor: float, min_gap_s: float = STRAGGLER_MIN_GAP_S
+) -> int | None:
+    """The worker slower than the others' median by more than `factor` and `min_gap_s`.
 
-    The ratio is compared as the summary line shows it, to two decimals, so a
-    worker shown at exactly ``1.20x`` is not flagged by a factor of 1.2.
+    Flagged when its median exceeds the median of the others' by more than
+    `factor` and by at least `min_gap_s` seconds. The ratio is compared as
+    the summary line shows it, to two decimals, so a worker shown at exactly
+    ``1.20x`` is not flagged by a factor of 1.2. The gap keeps tiny medians
+    from flagging a worker: 5 ms against 2 ms is 2.5x, but 3 ms a step slows
+    no job down.
+
+    Args:
+        medians: every worker's median own-work seconds per step.
+        factor: how many times the others' median the slowest must exceed.
+        min_gap_s: how many seconds above the others' median it must also be.
 
     Example:
     ```python
@@ -301,11 +351,15 @@ def find_straggler(medians: list[float], factor: float) -> int | None:
 
     assert find_straggler([0.10, 0.11, 0.30], 1.2) == 2
     assert find_straggler([0.10, 0.11], 1.2) is None
+    assert find_straggler([0.002, 0.005], 1.2) is None  # 2.5x, but only 3 ms
     ```
     """
     slowest = int(np.argmax(medians))
     others = [m for i, m in enumerate(medians) if i != slowest]
-    if others and round(medians[slowest] / float(np.median(others)), 2) > factor:
+    if not others:
+        return None
+    typical = float(np.median(others))
+    if round(medians[slowest] / typical, 2) > factor and medians[slowest] - typical >= min_gap_s:
         return slowest
     return None
 
@@ -325,7 +379,7 @@ def _summary_line(figures: EpochThroughput, report: ThroughputReport) -> str:
             f"computing {figures.compute_share:.0%} of a step"
         )
         if figures.straggler is not None:
-            line += f"; STRAGGLER: worker {figures.straggler}"
+            line += f"; STRAGGLER: {straggler_text(figures, report)}"
     if figures.verdict:
         line += f"\n  {figures.verdict}"
     return line

@@ -1,13 +1,27 @@
-"""Measure how long each training step is blocked waiting for its input batch.
+"""Measure how long each training step is blocked waiting for its own input batch.
 
 Keras's compiled train step starts with ``iterator.get_next()`` on the
 (distributed) dataset iterator. While installed, `InputClock` wraps that
 ``get_next`` as it is traced into the train function: a ``tf.timestamp()``
-before the call (the call's ops wait for it) and one after the batch is
-there, so the difference is the time the step was blocked in ``get_next``,
-measured inside the compiled step. Waits go to a ring buffer read once an
-epoch, never per step. Only the train function is instrumented: the callback
-turns recording off while Keras evaluates or predicts.
+before the call (the call's ops wait for it) and one when this worker's
+batch is there, so the difference is the time the step was blocked waiting
+for its input, measured inside the compiled step.
+
+"This worker's batch is there" is not the end of ``get_next``: for a finite
+dataset in a multi-worker job, TensorFlow's ``DistributedIterator.get_next``
+first takes this worker's next element (as an optional, from its own
+per-worker iterator) and then agrees with the other workers whether any of
+them has one (an all-reduce of the has-value counts) before it returns. A
+fast worker waits in that agreement for a slower peer, which is the peer's
+delay, not this worker's input. So the clock ends at the per-worker
+iterators' output (``_SingleWorkerDatasetIteratorBase.get_next_as_list`` /
+``get_next_as_optional_list``, traced in the same graph), never at the
+agreement. A plain ``tf.data`` iterator has no agreement; its whole
+``get_next`` is timed.
+
+Waits go to a ring buffer read once an epoch, never per step. Only the
+train function is instrumented: the callback turns recording off while
+Keras evaluates or predicts.
 """
 
 from __future__ import annotations
@@ -29,6 +43,10 @@ _ITERATORS = (
     (input_lib, "DistributedIterator"),
     (iterator_ops, "OwnedIterator"),
 )
+#: A distributed iterator's per-worker iterator class, and its methods that take this
+#: worker's next element before the workers agree whether there is one.
+_PER_WORKER = (input_lib, "_SingleWorkerDatasetIteratorBase")
+_PRODUCERS = ("get_next_as_list", "get_next_as_optional_list")
 
 
 class InputClock:
@@ -45,7 +63,7 @@ class InputClock:
     def __init__(self, capacity: int = DEFAULT_CAPACITY):
         self.capacity = capacity
         self.recording = False
-        self._saved: list[tuple[type, object]] = []
+        self._saved: list[tuple[type, str, object]] = []
         self._buffer: tf.Variable | None = None
         self._count: tf.Variable | None = None
         self._read_upto = 0
@@ -57,13 +75,19 @@ class InputClock:
         return bool(self._saved)
 
     def install(self) -> None:
-        """Wraps the iterators' ``get_next`` (undone by `uninstall`)."""
+        """Wraps the iterators' ``get_next`` and per-worker element methods (see `uninstall`).
+
+        Raises:
+            InternalChangedError: a TensorFlow internal the clock wraps is missing.
+        """
         if self.installed:
             return
         with tf.init_scope():
             self._buffer = tf.Variable(tf.zeros([self.capacity], tf.float64), trainable=False)
             self._count = tf.Variable(tf.constant(0, tf.int64), trainable=False)
         self._read_upto = 0
+        # Every internal is looked up before any is wrapped: a missing one changes nothing.
+        targets = []
         for module, name in _ITERATORS:
             cls = internals.require(
                 module, name, name=f"tf {name}", used_for="ThroughputCallback's input wait"
@@ -71,14 +95,44 @@ class InputClock:
             original = internals.require(
                 cls, "get_next", name=f"tf {name}.get_next", used_for="the input wait"
             )
-            self._saved.append((cls, original))
-            cls.get_next = self._timed(original)
+            targets.append((cls, "get_next", original, self._timed(original)))
+        module, name = _PER_WORKER
+        cls = internals.require(
+            module, name, name=f"tf {name}", used_for="ThroughputCallback's input wait"
+        )
+        for method in _PRODUCERS:
+            original = internals.require(
+                cls,
+                method,
+                name=f"tf {name}.{method}",
+                used_for="ThroughputCallback's input wait without the other workers' wait",
+            )
+            targets.append((cls, method, original, self._produced(original)))
+        for cls, method, original, wrapped in targets:
+            self._saved.append((cls, method, original))
+            setattr(cls, method, wrapped)
 
     def uninstall(self) -> None:
-        """Puts the iterators' own ``get_next`` back."""
-        for cls, original in self._saved:
-            cls.get_next = original
+        """Puts TensorFlow's own methods back."""
+        for cls, method, original in reversed(self._saved):
+            setattr(cls, method, original)
         self._saved = []
+
+    def _produced(self, original):
+        """Wraps a per-worker iterator method: notes the tensors of this worker's element."""
+        clock = self
+
+        def produce(iterator, *args, **kwargs):
+            result = original(iterator, *args, **kwargs)
+            collecting = getattr(clock._inside, "produced", None)
+            # Only the calls traced in get_next's own graph: the one in the end-of-data branch
+            # (a cond branch graph) never runs in a step that has a batch.
+            if collecting is not None and tf.compat.v1.get_default_graph() is collecting[0]:
+                collecting[1].extend(_tensors(result))
+            return result
+
+        produce.__wrapped__ = original
+        return produce
 
     def _timed(self, original):
         clock = self
@@ -88,17 +142,18 @@ class InputClock:
             if not (clock.recording and outermost and tf.inside_function()):
                 return original(iterator, *args, **kwargs)
             clock._inside.active = True
+            produced: list[tf.Tensor] = []
+            clock._inside.produced = (tf.compat.v1.get_default_graph(), produced)
             try:
                 start = tf.timestamp()
                 with tf.control_dependencies([start]):
                     batch = original(iterator, *args, **kwargs)
             finally:
                 clock._inside.active = False
-            arrived = [
-                t
-                for t in tf.nest.flatten(batch, expand_composites=True)
-                if isinstance(t, tf.Tensor)
-            ]
+                clock._inside.produced = None
+            # This worker's own element (before any agreement with the other workers), or,
+            # for an iterator without per-worker iterators, the batch get_next returned.
+            arrived = produced or _tensors(batch)
             with tf.control_dependencies(arrived):
                 wait = tf.timestamp() - start
             slot = tf.math.floormod(clock._count.read_value(), clock.capacity)
@@ -114,7 +169,7 @@ class InputClock:
         return get_next
 
     def read_new(self) -> np.ndarray:
-        """Seconds each train step waited in ``get_next``, for steps since the last read."""
+        """Seconds each train step waited for its own input, for steps since the last read."""
         if self._count is None:
             return np.zeros(0)
         count = int(self._count.numpy())
@@ -122,6 +177,11 @@ class InputClock:
         first = max(self._read_upto, count - self.capacity)
         self._read_upto = count
         return np.array([buffer[i % self.capacity] for i in range(first, count)])
+
+
+def _tensors(value) -> list[tf.Tensor]:
+    """The graph tensors in `value` (optionals and other composites expanded)."""
+    return [t for t in tf.nest.flatten(value, expand_composites=True) if isinstance(t, tf.Tensor)]
 
 
 def wait_share(waits: np.ndarray, step_times: np.ndarray) -> float | None:

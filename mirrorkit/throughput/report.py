@@ -6,6 +6,8 @@ import dataclasses
 import json
 from typing import Any
 
+import numpy as np
+
 from mirrorkit import tables
 
 #: Columns of the text and HTML tables: (key, heading, format).
@@ -55,7 +57,11 @@ class EpochThroughput:
         scaling_efficiency: per-replica examples/s over the single-replica
             baseline, when a baseline was given.
         input_wait_share: the share of step time spent waiting for the
-            input batch, measured per step (see `input_clock`).
+            input batch, measured per step (see `input_clock`); in a
+            multi-worker job the largest of the workers' shares.
+        worker_input_wait_share: each worker's own input-wait share, in
+            worker order (multi-worker jobs): its wait for its own batch,
+            never the wait for the other workers.
         verdict: one line: input-, communication- or compute-bound, and
             the fix to try (see `bottleneck`).
     """
@@ -76,6 +82,7 @@ class EpochThroughput:
     compute_share: float | None = None
     scaling_efficiency: float | None = None
     input_wait_share: float | None = None
+    worker_input_wait_share: list[float] = dataclasses.field(default_factory=list)
     verdict: str | None = None
 
 
@@ -88,6 +95,9 @@ class ThroughputReport:
         num_workers: workers in the job.
         global_batch_size: examples per step.
         baseline_examples_per_sec: single-replica examples/s, if given.
+        straggler_factor: a straggler's compute median exceeds the others'
+            by more than this factor ...
+        straggler_min_gap_s: ... and by at least this many seconds.
         epochs: one `EpochThroughput` per epoch.
     """
 
@@ -95,6 +105,8 @@ class ThroughputReport:
     num_workers: int
     global_batch_size: int | None
     baseline_examples_per_sec: float | None = None
+    straggler_factor: float | None = None
+    straggler_min_gap_s: float | None = None
     epochs: list[EpochThroughput] = dataclasses.field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
@@ -151,6 +163,11 @@ class ThroughputReport:
         bound = [e for e in judged if e.verdict.startswith(_ACTIONABLE)]
         calm = [e for e in judged if e not in bound]
         lines = [f"epoch {e.epoch}: {e.verdict}" for e in bound]
+        lines += [
+            f"epoch {e.epoch}: straggler: {straggler_text(e, self)}"
+            for e in self.epochs
+            if e.straggler is not None and e.worker_compute_median_s
+        ]
         if len(calm) == 1:
             lines.append(f"epoch {calm[0].epoch}: {calm[0].verdict}")
         elif calm:
@@ -207,3 +224,20 @@ class ThroughputReport:
         if path is not None:
             figure.savefig(path)
         return figure
+
+
+def straggler_text(figures: EpochThroughput, report: ThroughputReport) -> str:
+    """Names the straggler, its time against the others', and the rule that flagged it."""
+    medians = figures.worker_compute_median_s
+    worker = figures.straggler
+    others = float(np.median([m for i, m in enumerate(medians) if i != worker]))
+    text = (
+        f"worker {worker} works {medians[worker] * 1000:.1f} ms a step, the others "
+        f"{others * 1000:.1f} ms"
+    )
+    if report.straggler_factor is not None and report.straggler_min_gap_s is not None:
+        text += (
+            f" (flagged when over {report.straggler_factor:g}x and "
+            f"{report.straggler_min_gap_s * 1000:g} ms slower)"
+        )
+    return text

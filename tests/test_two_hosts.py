@@ -31,7 +31,6 @@ import numpy as np
 import pytest
 from _two_hosts import Hosts
 
-pytestmark = pytest.mark.slow
 TESTS = str(Path(__file__).parent)
 ROOT = str(Path(__file__).parent.parent)
 #: `mk.strategy(timeout_s=...)` in the workers: the bound on a collective's wait.
@@ -183,6 +182,7 @@ def jobs():
         job.kill()
 
 
+@pytest.mark.slow
 def test_a_cut_link_ends_the_other_host_with_a_clear_error_and_a_relaunch_resumes(
     hosts, jobs, tmp_path
 ):
@@ -250,3 +250,52 @@ def test_a_cut_link_ends_the_other_host_with_a_clear_error_and_a_relaunch_resume
     )
     assert reference.returncode == 0, reference.stderr[-3000:]
     np.testing.assert_allclose(np.load(again.out), np.load(tmp_path / "ref.npy"), atol=1e-5)
+
+
+# Worker output of TF 2.21 when a peer's link was cut (from the test above):
+# worker 0 runs the coordination service and names the task whose heartbeats
+# stopped; worker 1's own heartbeat to worker 0 times out.
+_WORKER_0_SAID = """\
+tensorflow.python.framework.errors_impl.UnavailableError: Graph execution error:
+Collective ops is aborted by: Error reported from /job:worker/task:1: The following tasks are \
+unhealthy (stopped sending heartbeats):
+/job:worker/replica:0/task:1
+The tasks have crashed. Check the task logs for an earlier error, or scheduler events (e.g. \
+preemption, eviction) to debug further.
+"""
+_WORKER_1_SAID = """\
+tensorflow.python.framework.errors_impl.DeadlineExceededError: Graph execution error:
+Collective ops is aborted by: Deadline Exceeded
+
+RPC: /tensorflow.CoordinationService/Heartbeat
+"""
+_HEALTH_CHECK_SAID = (
+    "Cluster check alive failed, /job:worker/replica:0/task:3 is down, aborting collectives"
+)
+
+
+@pytest.mark.parametrize(
+    "output, lost",
+    [
+        (_WORKER_0_SAID, [1]),
+        (_WORKER_1_SAID, [0]),
+        (_HEALTH_CHECK_SAID.lower(), [3]),
+        ("ValueError: a bug in the training script", []),
+    ],
+)
+def test_lost_peers_are_read_from_what_tensorflow_printed(output, lost):
+    from mirrorkit.launcher.hosts import lost_peers
+
+    assert lost_peers(output, 4) == lost
+
+
+def test_the_launcher_note_names_the_lost_host_only_in_a_multi_host_job():
+    from mirrorkit.launcher.hosts import Layout, lost_peer_note, multi_host
+
+    job = multi_host(["gpu-a", "gpu-b:4000"], 0, 2)
+    note = lost_peer_note(_WORKER_0_SAID.replace("task:1", "task:3"), job)
+    assert note.startswith("; it lost contact with worker 3 at gpu-b:4001 (--node-rank 1): ")
+    assert "down or the network between the hosts failed" in note
+    assert lost_peer_note("ValueError: a bug", job) == ""
+    local = Layout(("127.0.0.1:1", "127.0.0.1:2"), 0, 2, False)
+    assert lost_peer_note(_WORKER_0_SAID, local) == ""

@@ -1,9 +1,17 @@
 """mirrorkit launch --max-restarts: a worker killed mid-training costs a restart, not the run.
 
-Worker 1 SIGKILLs itself in the middle of epoch 2 of 4 on the first attempt;
-the launcher stops worker 0, starts the whole job again on fresh ports, and the
-job resumes from the chief's BackupAndRestore backup (end of epoch 1). Its
-final weights must equal an uninterrupted 2-worker run's.
+Two real 2-worker jobs under `mirrorkit launch`, each training with
+`mk.resumable(dir)` (Keras's own BackupAndRestore, set up by mirrorkit):
+
+- worker 1 SIGKILLs itself in the middle of epoch 2 of 4;
+- the chief (the one worker that writes the backup) is SIGKILLed half-way
+  through writing the backup at the end of epoch 2, leaving a torn
+  ``latest.weights.h5`` (``double_checkpoint`` keeps the previous one).
+
+Each time the launcher stops the other worker, says where the job failed,
+where it resumes and the steps redone, starts the job again, and the job ends
+with the weights of an uninterrupted run (computed here, in the pytest
+process, on 2 logical CPU replicas: the same global batches, the same sums).
 """
 
 from __future__ import annotations
@@ -18,7 +26,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from mirrorkit.faults.restart import run_with_restarts
+from mirrorkit.faults import progress
+from mirrorkit.faults.restart import Failure, exit_cause, run_with_restarts
 from mirrorkit.launcher.processes import WorkerError
 
 TESTS = str(Path(__file__).parent)
@@ -31,12 +40,28 @@ _SCRIPT = """
     from _training import GLOBAL_BATCH, make_data, make_model
     import mirrorkit as mk
 
-    backup, out, kill = sys.argv[1], sys.argv[2], sys.argv[3] == "kill"
+    backup, out, mode = sys.argv[1], sys.argv[2], sys.argv[3]
     attempt = int(os.environ.get("MIRRORKIT_RESTART", "0"))
     strategy = mk.strategy()
     rank = mk.describe(strategy).worker_index
     model = mk.build(lambda: make_model("sgd", 0.1), strategy)
     data = mk.distribute(make_data(), strategy, global_batch_size=GLOBAL_BATCH, shuffle=False)
+    first = attempt == 0
+
+    if mode == "torn" and first and rank == 0:
+        save, saves = model.save_weights, []
+
+        def save_weights(filepath, *args, **kwargs):
+            saves.append(filepath)
+            save(filepath, *args, **kwargs)
+            if len(saves) == 2:  # the backup at the end of epoch 2: cut it short and die
+                size = os.path.getsize(filepath)
+                with open(filepath, "r+b") as f:
+                    f.truncate(size // 2)
+                print(f"KILLING the chief half-way through its backup ({{size}} bytes)", flush=True)
+                os.kill(os.getpid(), signal.SIGKILL)
+
+        model.save_weights = save_weights
 
     class Events(keras.callbacks.Callback):
         def on_epoch_begin(self, epoch, logs=None):
@@ -44,26 +69,25 @@ _SCRIPT = """
             print(f"RAN epoch {{epoch + 1}} attempt {{attempt}} worker {{rank}}", flush=True)
 
         def on_train_batch_begin(self, batch, logs=None):
-            if kill and attempt == 0 and rank == 1 and self.epoch == 1 and batch == 2:
+            if mode == "kill" and first and rank == 1 and self.epoch == 1 and batch == 2:
                 print("KILLING worker 1 in epoch 2", flush=True)
                 os.kill(os.getpid(), signal.SIGKILL)
 
-    model.fit(data, epochs=4, verbose=0,
-              callbacks=[keras.callbacks.BackupAndRestore(backup), Events()])
+    model.fit(data, epochs=4, verbose=0, callbacks=[mk.resumable(backup), Events()])
     if mk.is_chief():
         np.save(out, np.concatenate([w.ravel() for w in model.get_weights()]))
 """
 
 
-def _launch(tmp_path, name, *flags):
+def _launch(tmp_path, mode, *flags):
     script = tmp_path / "train_restart.py"
     script.write_text(textwrap.dedent(_SCRIPT.format(tests=TESTS)))
-    out = tmp_path / f"{name}.npy"
+    out = tmp_path / f"{mode}.npy"
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
     env.pop("TF_CONFIG", None)
     done = subprocess.run(
-        [sys.executable, "-m", "mirrorkit", "launch", "-n", "2", "--no-pin", *flags[:-1]]
-        + [str(script), str(tmp_path / f"backup-{name}"), str(out), flags[-1]],
+        [sys.executable, "-m", "mirrorkit", "launch", "-n", "2", "--no-pin", *flags]
+        + [str(script), str(tmp_path / f"backup-{mode}"), str(out), mode],
         capture_output=True,
         text=True,
         timeout=900,
@@ -72,19 +96,53 @@ def _launch(tmp_path, name, *flags):
     return done, out
 
 
+@pytest.fixture(scope="module")
+def uninterrupted():
+    """The uninterrupted run's weights, on 2 CPU replicas in this process."""
+    import mirrorkit as mk
+    from tests._training import GLOBAL_BATCH, make_data, make_model
+
+    strategy = mk.strategy(cpu_replicas=2)
+    model = mk.build(lambda: make_model("sgd", 0.1), strategy)
+    data = mk.distribute(make_data(), strategy, global_batch_size=GLOBAL_BATCH, shuffle=False)
+    model.fit(data, epochs=4, verbose=0)
+    return np.concatenate([w.ravel() for w in model.get_weights()])
+
+
 @pytest.mark.slow
-def test_killed_worker_restarts_the_job_which_ends_equal_to_an_uninterrupted_run(tmp_path):
-    done, out = _launch(tmp_path, "restarted", "--max-restarts", "2", "kill")
+def test_killed_worker_restarts_the_job_which_ends_equal_to_an_uninterrupted_run(
+    tmp_path, uninterrupted
+):
+    done, out = _launch(tmp_path, "kill", "--max-restarts", "2")
     log = done.stdout + done.stderr
     assert done.returncode == 0, log[-4000:]
     assert "KILLING worker 1 in epoch 2" in log
-    assert re.search(r"restart 1 of 2: worker 1 failed with exit code -9", log), log[-4000:]
+    said = (
+        "restart 1 of 2: worker 1 killed by SIGKILL at epoch 2 step 2; resuming from the backup "
+        "at epoch 2 step 0: 2 step(s) redone"
+    )
+    assert said in log, log[-4000:]
     assert "the job finished after 1 restart(s)" in log
     # resumed from the backup at the end of epoch 1: epoch 2 redone, epoch 1 not
     assert "RAN epoch 2 attempt 1 worker 0" in log and "RAN epoch 1 attempt 1" not in log
-    reference, ref_out = _launch(tmp_path, "reference", "--max-restarts", "0", "nokill")
-    assert reference.returncode == 0, (reference.stdout + reference.stderr)[-4000:]
-    np.testing.assert_allclose(np.load(out), np.load(ref_out), rtol=0, atol=1e-6)
+    np.testing.assert_allclose(np.load(out), uninterrupted, rtol=0, atol=1e-6)
+
+
+@pytest.mark.slow
+def test_chief_killed_inside_its_backup_write_resumes_from_the_previous_backup(
+    tmp_path, uninterrupted
+):
+    done, out = _launch(tmp_path, "torn", "--max-restarts", "1")
+    log = done.stdout + done.stderr
+    assert done.returncode == 0, log[-4000:]
+    assert "KILLING the chief half-way through its backup" in log
+    said = (
+        "restart 1 of 1: worker 0 killed by SIGKILL at epoch 2 step 4; resuming from the backup "
+        "at epoch 2 step 0: 4 step(s) redone"
+    )
+    assert said in log, log[-4000:]
+    assert "RAN epoch 2 attempt 1 worker 0" in log and "RAN epoch 1 attempt 1" not in log
+    np.testing.assert_allclose(np.load(out), uninterrupted, rtol=0, atol=1e-6)
 
 
 def _fails(times, exit_code=-9):
@@ -104,6 +162,7 @@ def test_restarts_until_the_job_finishes_saying_each_cause():
     assert run_with_restarts(run_once, 3, said.append) == 2
     assert calls == [0, 1, 2]
     assert said[0].startswith("restart 1 of 3: worker 1 failed with exit code -9")
+    assert "starts again from the beginning (no mk.resumable backup was seen" in said[0]
     assert said[1].startswith("restart 2 of 3:")
     assert said[2] == "the job finished after 2 restart(s)"
 
@@ -114,7 +173,42 @@ def test_gives_up_after_max_restarts_with_the_last_failure():
     with pytest.raises(WorkerError) as caught:
         run_with_restarts(run_once, 2, said.append)
     assert calls == [0, 1, 2] and caught.value.exit_code == 3
-    assert "no restart left (--max-restarts 2)" in said[-1]
+    assert "no restart left: it failed 3 times (the step is unknown)" in said[-1]
+    assert "(--max-restarts 2 counts the restarts at each failing step)" in said[-1]
+
+
+def test_max_restarts_counts_per_failing_step():
+    """Failures at new steps each get N restarts; N failures at one step end the job."""
+    at = progress.Position
+    places = [at(1, 2), at(1, 2), at(3, 0), at(3, 0), at(3, 0)]
+    said = []
+    run_once, calls = _fails(len(places))
+    with pytest.raises(WorkerError):
+        run_with_restarts(
+            run_once,
+            2,
+            said.append,
+            failure=lambda attempt: Failure(places[attempt], at(1, 0), 4),
+        )
+    assert calls == [0, 1, 2, 3, 4]  # 2 restarts at epoch 2 step 2, then 2 at epoch 4 step 0
+    assert said[0].startswith("restart 1 of 2: worker 1 failed with exit code -9 at epoch 2 step 2")
+    assert "resuming from the backup at epoch 2 step 0: 2 step(s) redone" in said[0]
+    assert said[2].startswith("restart 1 of 2:") and "at epoch 4 step 0" in said[2]
+    assert "8 step(s) redone" in said[2]
+    assert "no restart left: it failed 3 times there" in said[-1]
+
+
+def test_failure_reads_the_chiefs_progress_and_the_keras_backup(tmp_path):
+    backup = tmp_path / "backup"
+    backup.mkdir()
+    (backup / "training_metadata.json").write_text('{"epoch": 2, "batch": 0}')
+    record = str(tmp_path / "progress.json")
+    progress.write(record, str(backup), 5, progress.Position(2, 3))
+    failure = Failure.read(record)
+    assert failure.where() == " at epoch 3 step 3"
+    assert failure.resuming() == "resuming from the backup at epoch 3 step 0: 3 step(s) redone"
+    assert Failure.read(str(tmp_path / "none.json")) == Failure()
+    assert exit_cause(-9) == "killed by SIGKILL" and exit_cause(1) == "failed with exit code 1"
 
 
 def test_no_restart_by_default():
@@ -122,6 +216,18 @@ def test_no_restart_by_default():
     with pytest.raises(WorkerError):
         run_with_restarts(run_once, 0, [].append)
     assert calls == [0]
+
+
+def test_resumable_is_keras_own_backup_set_up_for_restarts(tmp_path):
+    import keras
+
+    import mirrorkit as mk
+
+    callback = mk.resumable(str(tmp_path / "b"))
+    assert type(callback) is keras.callbacks.BackupAndRestore
+    assert callback.save_freq == "epoch" and callback.double_checkpoint
+    with pytest.raises(ValueError, match=re.escape("mk.resumable(backup_dir='')")):
+        mk.resumable("")
 
 
 def test_launch_refuses_negative_max_restarts(tmp_path):

@@ -91,9 +91,12 @@ def _record_progress(callback: keras.callbacks.BackupAndRestore, path: str) -> N
         state["epoch"] = epoch
         write(0)
 
-    def on_train_batch_begin(batch, logs=None):
-        write(batch)
+    end_batch = callback.on_train_batch_end
+
+    def on_train_batch_end(batch, logs=None):
+        end_batch(batch, logs)
+        write(batch + 1)
 
     callback.on_train_begin = on_train_begin
     callback.on_epoch_begin = on_epoch_begin
-    callback.on_train_batch_begin = on_train_batch_begin
+    callback.on_train_batch_end = on_train_batch_end

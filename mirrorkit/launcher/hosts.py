@@ -140,21 +140,25 @@ def from_slurm(env: Mapping[str, str], nproc: int, port: int = DEFAULT_PORT) -> 
 # What TensorFlow prints when a worker's peer stops answering (TF 2.21): the
 # coordination service on worker 0 names the tasks whose heartbeats stopped;
 # another worker's heartbeat to worker 0 times out; MWMS's own health check
-# names a task it found down.
+# names a task it found down; a call to a peer whose server is gone fails to
+# connect and names the remote target.
 _UNHEALTHY = re.compile(
     r"tasks are unhealthy \(stopped sending heartbeats\):((?:\s*/job:\w+/replica:\d+/task:\d+)+)"
 )
 _TASK = re.compile(r"/task:(\d+)")
 _HEALTH_CHECK = re.compile(r"cluster check alive failed, /job:\w+/replica:\d+/task:(\d+) is down")
 _HEARTBEAT_RPC = "RPC: /tensorflow.CoordinationService/Heartbeat"
+_NO_CONNECTION = "failed to connect to all addresses"
+_REMOTE = re.compile(r"from remote target /job:\w+/replica:\d+/task:(\d+)")
+_REFUSED_AT = re.compile(r"ipv[46]:\[?([^\s\]]+?)\]?:(\d+): Failed to connect")
 
 
-def lost_peers(output: str, worker_count: int) -> list[int]:
+def lost_peers(output: str, addresses: Sequence[str]) -> list[int]:
     r"""The ranks of the peers a failed worker's output says it lost contact with.
 
     Args:
         output: the last lines a failed worker printed (its traceback).
-        worker_count: workers in the job.
+        addresses: ``host:port`` of every worker, in rank order.
 
     Returns:
         Ranks in increasing order; empty when the output names no lost peer.
@@ -164,14 +168,18 @@ def lost_peers(output: str, worker_count: int) -> list[int]:
     from mirrorkit.launcher.hosts import lost_peers
 
     said = "tasks are unhealthy (stopped sending heartbeats):\n/job:worker/replica:0/task:1"
-    assert lost_peers(said, 2) == [1]
+    assert lost_peers(said, ["a:29470", "b:29470"]) == [1]
     ```
     """
     ranks = {int(t) for found in _UNHEALTHY.findall(output) for t in _TASK.findall(found)}
     ranks.update(int(t) for t in _HEALTH_CHECK.findall(output))
+    if _NO_CONNECTION in output:
+        ranks.update(int(t) for t in _REMOTE.findall(output))
+        unreachable = {f"{host}:{port}" for host, port in _REFUSED_AT.findall(output)}
+        ranks.update(r for r, address in enumerate(addresses) if address in unreachable)
     if not ranks and _HEARTBEAT_RPC in output:
         ranks.add(0)  # worker 0 runs the coordination service every worker sends heartbeats to
-    return sorted(r for r in ranks if 0 <= r < worker_count)
+    return sorted(r for r in ranks if 0 <= r < len(addresses))
 
 
 def lost_peer_note(output: str, job: Layout) -> str:
@@ -185,16 +193,16 @@ def lost_peer_note(output: str, job: Layout) -> str:
         output: the failed worker's last lines.
         job: the job's layout.
     """
-    ranks = lost_peers(output, len(job.addresses))
+    ranks = lost_peers(output, job.addresses)
     if not job.multi_host or not ranks:
         return ""
     peers = ", ".join(
         f"worker {r} at {job.addresses[r]} (--node-rank {r // job.local_workers})" for r in ranks
     )
     return (
-        f"; it lost contact with {peers}: that host stopped answering within TensorFlow's "
-        "heartbeat timeout, so it is down or the network between the hosts failed (TensorFlow's "
-        "trace above calls it 'crashed' either way). Check that host and the link to it, then run "
-        "the same mirrorkit launch on every host again; a script with "
+        f"; it lost contact with {peers}: that worker stopped answering, so its host is down, "
+        "its process ended, or the network between the hosts failed (TensorFlow's trace above "
+        "may call it 'crashed' either way). Check that host and the link to it, then run the "
+        "same mirrorkit launch on every host again; a script with "
         "keras.callbacks.BackupAndRestore resumes from its last backup"
     )

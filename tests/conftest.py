@@ -56,3 +56,38 @@ def _notices_unsaid():
 @pytest.fixture
 def fresh():
     return _Fresh()
+
+
+@pytest.fixture
+def mirrorkit_command():
+    """Runs ``mirrorkit ARGS`` in this process (`mirrorkit.cli.main`); returns its exit code.
+
+    For checks that need no fresh TensorFlow (bad arguments, ``info``): a fresh
+    ``python -m mirrorkit`` imports TensorFlow again. SIGTERM's handler, which
+    ``main`` sets, is put back afterwards.
+    """
+    import signal
+
+    from mirrorkit import cli
+
+    def run(*argv: str) -> int:
+        handler = signal.getsignal(signal.SIGTERM)
+        try:
+            return cli.main(list(argv))
+        finally:
+            signal.signal(signal.SIGTERM, handler)
+
+    return run
+
+
+@pytest.fixture(scope="session")
+def one_device_runs():
+    """``_training.train_both_optimizers(1)`` in one fresh process, once per session.
+
+    The one-device reference (SGD and Adam: final weights and History) that the
+    equivalence, multi-worker and chief-task tests compare against; computed
+    once instead of once per module.
+    """
+    from _training import train_both_optimizers
+
+    return run_function(train_both_optimizers, (1,), timeout_s=300)[0]

@@ -1,21 +1,16 @@
 """`mirrorkit info` says whether the installed TensorFlow/Keras pair is inside the tested range."""
 
 import json
-import subprocess
-import sys
 
 from mirrorkit import info, versions
 
 
-def test_info_text_and_json_say_inside_the_tested_range():
-    result = subprocess.run(
-        [sys.executable, "-m", "mirrorkit", "info", "--json"],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert result.returncode == 0, result.stderr
-    facts = json.loads(result.stdout)
+def test_info_text_and_json_say_inside_the_tested_range(mirrorkit_command, capsys):
+    # `mirrorkit info --json` in this process; tests/test_fresh_process.py runs it as a command.
+    code = mirrorkit_command("info", "--json")
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    facts = json.loads(out)
     tested = facts["tested_range"]
     assert tested["inside"] is True
     assert tested["range"] == versions.tested_range()

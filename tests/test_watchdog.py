@@ -135,19 +135,15 @@ def test_worker_stuck_in_a_step_ends_the_launched_job_naming_it(tmp_path):
     assert not leftover, leftover
 
 
-def test_launch_refuses_a_bad_hang_timeout(tmp_path):
+def test_launch_refuses_a_bad_hang_timeout(tmp_path, mirrorkit_command, capfd):
+    # `mirrorkit launch` in this process (capfd: a worker's output would reach the fds).
     script = tmp_path / "never_run.py"
     script.write_text("raise SystemExit('a worker started')\n")
-    done = subprocess.run(
-        [sys.executable, "-m", "mirrorkit", "launch", "-n", "2", "--hang-timeout", "0"]
-        + [str(script)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert done.returncode == 2
-    assert "--hang-timeout 0 is not a positive number of seconds" in done.stderr
-    assert "a worker started" not in done.stderr
+    code = mirrorkit_command("launch", "-n", "2", "--hang-timeout", "0", str(script))
+    out, err = capfd.readouterr()
+    assert code == 2
+    assert "--hang-timeout 0 is not a positive number of seconds" in err
+    assert "a worker started" not in out + err
 
 
 @pytest.mark.parametrize("bad", [0, -3, float("nan"), "10", True])

@@ -36,6 +36,19 @@ def test_enable_is_idempotent_and_disable_restores():
         "chief_backup_save",
         "chief_backup_cleanup",
         "chief_checkpoint_save",
+        "chief_tensorboard",
+        "chief_tensorboard_cleanup",
+        "chief_csv_open",
+        "chief_csv_rows",
+        "chief_progbar",
+        "agreed_stop_begin",
+        "agreed_stop_batch",
+        "agreed_stop_epoch",
+        "shared_early_stopping",
+        "shared_reduce_lr",
+        "chief_model_save",
+        "chief_model_save_weights",
+        "chief_model_export",
     ]
     assert compat.enable() == everything
     patched = trainer.reduce_per_replica

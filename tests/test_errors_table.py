@@ -26,6 +26,7 @@ import pytest
 
 import mirrorkit as mk
 from mirrorkit import chief, cluster
+from mirrorkit.compat.shared_monitor import agreed_value
 from mirrorkit.launcher import script
 
 TABLE = pathlib.Path(__file__).resolve().parent.parent / "docs" / "errors.md"
@@ -354,6 +355,9 @@ def _cases(tmp: pathlib.Path) -> dict[str, Callable[[], object]]:
         "sync-check-every": lambda: mk.callbacks.ReplicaSyncCheck(every_n_steps=0),
         "nan-guard-loss-scale": _nan_guard_with_loss_scaling,
         "callbacks-hang-timeout": lambda: mk.callbacks.HangWatchdog(0),
+        "callbacks-monitor-some-workers": lambda: agreed_value(  # the table 2 workers share
+            "EarlyStopping", "m", 0.5, np.array([[1.0, 0.5], [0.0, 0.0]])
+        ),
         "callbacks-hang-timeout-env": _hang_watchdog_from_env("soon"),
         "nan-guard-unchecked-step": _nan_guard_with_accumulation,
         # mirrorkit.flags

@@ -15,6 +15,10 @@ pairs it was tested on and the test that reproduces it.
 | ``step_function`` | keras#21366, tensorflow#56423 | ``steps_per_execution > 1`` and ``jit_compile=True`` with several replicas |
 | ``gradient_accumulation`` | none found (``docs/compat.md``) | optimizer ``gradient_accumulation_steps`` with several replicas |
 | ``chief_backup_*``, ``chief_checkpoint_save`` | none found (``docs/compat.md``) | ``BackupAndRestore``/``ModelCheckpoint`` written by every worker |
+| ``chief_tensorboard*``, ``chief_csv_*``, ``chief_progbar`` | tensorboard#1011 | one TensorBoard run, CSV and progress bar per worker |
+| ``agreed_stop_*`` | HybridBackend#88 | ``model.stop_training`` set on one worker only: the others hang |
+| ``shared_early_stopping``, ``shared_reduce_lr`` | HybridBackend#88 | ``EarlyStopping``/``ReduceLROnPlateau`` deciding on per-worker values |
+| ``chief_model_save*``, ``chief_model_export`` | none found (``docs/compat.md``) | ``model.save``/``export`` written by every worker |
 | optimizer state built by `mk.build` | keras#23085 | custom ``tf.function`` loops with Adam under a strategy |
 """  # noqa: E501
 
@@ -25,9 +29,13 @@ import tensorflow as tf
 
 from mirrorkit import chief, versions
 from mirrorkit.compat import (
+    agreed_stop,
     chief_files,
+    chief_logs,
+    chief_saves,
     gradient_accumulation,
     multi_worker_reduce,
+    shared_monitor,
     step_function,
     symbolic_build,
 )
@@ -39,6 +47,10 @@ REPAIRS: tuple[Repair, ...] = (
     step_function.REPAIR,
     gradient_accumulation.REPAIR,
     *chief_files.REPAIRS,
+    *chief_logs.REPAIRS,
+    *agreed_stop.REPAIRS,
+    *shared_monitor.REPAIRS,
+    *chief_saves.REPAIRS,
 )
 
 

@@ -1,0 +1,144 @@
+"""Repair: every worker of a job stops training at the same step.
+
+Upstream: no Keras report found; the same hang is reported for other
+frameworks' early stopping (DeepRec-AI/HybridBackend#88, tensorflow/estimator#49
+added a multi-worker early-stopping hook to Estimator); ``docs/compat.md``,
+"Stopping on one worker only". Keras's ``fit`` leaves its loop when
+``model.stop_training`` is set, checked after each ``on_train_batch_end`` and
+each ``on_epoch_end``. A callback that sets it from a value that differs
+between workers (``TerminateOnNaN`` on ``step_logs="local"`` losses, a user
+callback reading a worker's own figure, ``EarlyStopping`` on a per-worker
+metric) stops one worker while the others start the next step and wait for it
+in that step's all-reduce: the job hangs.
+
+The replacements make the flag a decision of the job: after the callbacks of
+``CallbackList.on_epoch_end`` have run, every worker learns whether any worker
+set it (one all-reduce of one number per worker, once an epoch) and all of
+them stop when one did, said once. The same happens after each
+``on_train_batch_end`` only when some worker has a callback that could set the
+flag there (one that overrides a batch hook and is not one of Keras's logging
+or saving callbacks or mirrorkit's own); which is agreed once, in
+``on_train_begin``, so that every worker runs the same collectives.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import keras
+
+from mirrorkit import chief, workers
+from mirrorkit.compat._repair import Repair
+
+_UPSTREAM = "HybridBackend#88, estimator#49; Keras has no multi-worker stop"
+_BATCH_HOOKS = ("on_batch_begin", "on_batch_end", "on_train_batch_begin", "on_train_batch_end")
+_NEVER_STOP = (
+    "BackupAndRestore",
+    "CSVLogger",
+    "History",
+    "LearningRateScheduler",
+    "ModelCheckpoint",
+    "ProgbarLogger",
+    "RemoteMonitor",
+    "TensorBoard",
+)
+
+
+def multi_worker_strategy(model):
+    """`model`'s strategy if it spans several workers, else None."""
+    strategy = getattr(model, "distribute_strategy", None)
+    if strategy is None or not workers.is_multi_worker(strategy):
+        return None
+    return strategy if workers.num_workers(strategy) > 1 else None
+
+
+def may_stop_mid_epoch(callback: keras.callbacks.Callback) -> bool:
+    """Whether `callback` could set ``model.stop_training`` in a batch hook.
+
+    Args:
+        callback: a Keras callback.
+
+    Returns:
+        False for Keras's logging and saving callbacks (exactly those classes),
+        mirrorkit's own callbacks (they keep the workers in step themselves)
+        and callbacks that leave every batch hook as `keras.callbacks.Callback`
+        has it; True otherwise.
+    """
+    cls = type(callback)
+    if cls.__module__.split(".")[0] == "mirrorkit":
+        return False
+    if any(cls is getattr(keras.callbacks, name, None) for name in _NEVER_STOP):
+        return False
+    base = keras.callbacks.Callback
+    return any(
+        name in vars(callback) or getattr(cls, name, None) is not getattr(base, name)
+        for name in _BATCH_HOOKS
+    )
+
+
+def _agree(callbacks, where: str) -> None:
+    model = callbacks.model
+    strategy = multi_worker_strategy(model)
+    if strategy is None:
+        return
+    flags = workers.gather(strategy, [1.0 if getattr(model, "stop_training", False) else 0.0])
+    stopping = flags[:, 0] > 0
+    if stopping.any():
+        if not stopping.all():
+            who = ", ".join(str(i) for i in stopping.nonzero()[0])
+            chief.say_once(
+                "agreed-stop",
+                f"worker(s) {who} set model.stop_training {where}; every worker stops there "
+                "(docs/compat.md, 'Stopping on one worker only')",
+            )
+        model.stop_training = True
+
+
+def _on_train_begin(original):
+    @functools.wraps(original)
+    def on_train_begin(self, logs=None):
+        original(self, logs)
+        self._mirrorkit_batch_agreement = False
+        strategy = multi_worker_strategy(self.model)
+        if strategy is not None:
+            mine = any(may_stop_mid_epoch(callback) for callback in self.callbacks)
+            self._mirrorkit_batch_agreement = bool(workers.gather(strategy, [float(mine)]).any())
+
+    return on_train_begin
+
+
+def _on_train_batch_end(original):
+    @functools.wraps(original)
+    def on_train_batch_end(self, batch, logs=None):
+        original(self, batch, logs)
+        if getattr(self, "_mirrorkit_batch_agreement", False):
+            _agree(self, f"after batch {batch}")
+
+    return on_train_batch_end
+
+
+def _on_epoch_end(original):
+    @functools.wraps(original)
+    def on_epoch_end(self, epoch, logs=None):
+        original(self, epoch, logs)
+        _agree(self, f"at the end of epoch {epoch + 1}")
+
+    return on_epoch_end
+
+
+def _repair(name: str, target: str, replacement) -> Repair:
+    return Repair(
+        name=name,
+        upstream=_UPSTREAM,
+        module="keras.callbacks",
+        target=target,
+        replacement=replacement,
+        applies_to=workers.is_multi_worker,
+    )
+
+
+REPAIRS = (
+    _repair("agreed_stop_begin", "CallbackList.on_train_begin", _on_train_begin),
+    _repair("agreed_stop_batch", "CallbackList.on_train_batch_end", _on_train_batch_end),
+    _repair("agreed_stop_epoch", "CallbackList.on_epoch_end", _on_epoch_end),
+)

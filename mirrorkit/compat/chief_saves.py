@@ -1,0 +1,70 @@
+"""Repair: ``model.save``/``save_weights``/``export`` on every worker write one copy, the chief's.
+
+Upstream: no Keras report found; TensorFlow's multi-worker tutorial has every
+worker save and the non-chief workers write to a temporary path they delete,
+by hand; ``docs/compat.md``, "Saving from every worker". A script that ends
+in ``model.save("model.keras")`` runs it on every worker: they all write the
+same path at once (a torn file on shared storage), or one copy each where
+each worker has its own disk.
+
+On a worker that is not the chief of a multi-worker model, the replacements
+save into a fresh temporary directory, under the same file name, and delete
+it: the worker does all the work the chief does (so nothing it reads can
+leave the workers out of step), and only the chief's file is left. Said once.
+A non-chief worker that wants to read the model back reads the chief's file,
+which needs storage every worker sees and the chief to have finished writing
+(wait for it, e.g. with a collective such as `mirrorkit.workers.gather`).
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import shutil
+import tempfile
+
+from mirrorkit import chief, workers
+from mirrorkit.compat._repair import Repair
+from mirrorkit.compat.chief_logs import multi_worker, not_chief_of
+
+_UPSTREAM = "no chief-aware saving in Keras 3"
+
+
+def _to_temporary_path(original):
+    @functools.wraps(original)
+    def save(self, filepath, *args, **kwargs):
+        if multi_worker(self):
+            chief.say_once(
+                "non-chief-saves",
+                "model.save/save_weights/export on the workers that are not the chief write "
+                "to a temporary path that is then removed; only the chief's file is kept "
+                "(docs/compat.md, 'Saving from every worker')",
+            )
+        if not not_chief_of(self):
+            return original(self, filepath, *args, **kwargs)
+        directory = tempfile.mkdtemp(prefix="mirrorkit-save-")
+        name = os.path.basename(os.path.normpath(os.fspath(filepath))) or "model"
+        try:
+            return original(self, os.path.join(directory, name), *args, **kwargs)
+        finally:
+            shutil.rmtree(directory, ignore_errors=True)
+
+    return save
+
+
+def _repair(name: str, target: str) -> Repair:
+    return Repair(
+        name=name,
+        upstream=_UPSTREAM,
+        module="keras",
+        target=target,
+        replacement=_to_temporary_path,
+        applies_to=workers.is_multi_worker,
+    )
+
+
+REPAIRS = (
+    _repair("chief_model_save", "Model.save"),
+    _repair("chief_model_save_weights", "Model.save_weights"),
+    _repair("chief_model_export", "Model.export"),
+)

@@ -38,11 +38,37 @@ from typing import Any
 import keras
 import tensorflow as tf
 
-from mirrorkit import chief, internals
+from mirrorkit import chief, internals, workers
 
 #: Exit status of a worker that saved its checkpoint on SIGTERM (TensorFlow's own choice
 #: for multi-worker jobs outside Google's platforms, kept).
 EXIT_STATUS = 42
+
+
+def local_workers(launcher: int, marker: str) -> list[int]:
+    """The process ids of `launcher`'s descendants whose environment holds `marker` (Linux).
+
+    `mirrorkit launch` sets its restart variable in every worker's environment, so
+    this finds the workers and not the private network's supervisor between them.
+    """
+    found, todo = [], [launcher]
+    while todo:
+        pid = todo.pop()
+        try:
+            for task in os.listdir(f"/proc/{pid}/task"):
+                with open(f"/proc/{pid}/task/{task}/children") as f:
+                    todo += [int(child) for child in f.read().split()]
+        except OSError:
+            continue
+        if pid == launcher:
+            continue
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                if f"{marker}=".encode() in f.read():
+                    found.append(pid)
+        except OSError:
+            continue
+    return found
 
 
 class Preempted(Exception):
@@ -230,6 +256,11 @@ class PreemptionCheckpoint(keras.callbacks.Callback):
             self._skipping = 0
 
     def _exit(self) -> None:
+        strategy = self.model.distribute_strategy
+        if workers.num_workers(strategy) > 1:
+            # every worker leaves once every worker has saved: a launcher that stops the
+            # others when the first exits then stops none in the middle of its save
+            strategy.reduce("SUM", strategy.run(lambda: tf.constant(1.0)), axis=None)
         chief.print(
             f"mirrorkit: preempted (SIGTERM): checkpoint saved in {self.checkpoint_dir} at epoch "
             f"{int(self._epoch.numpy()) + 1} step {int(self._step.numpy())}; exiting with status "

@@ -9,7 +9,9 @@ the same command and computes the same cluster spec.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
+import signal
 import sys
 import tempfile
 
@@ -158,6 +160,45 @@ def hang_note(exit_code: int, hang_timeout_s: float | None) -> str:
     )
 
 
+class _Terminated(BaseException):
+    """SIGTERM reached the launcher and the workers did not end within the grace period."""
+
+
+#: `mirrorkit launch`'s exit status when a SIGTERM of its own ended the job (128 + SIGTERM).
+TERMINATED_STATUS = 143
+#: Seconds the workers have after a SIGTERM to the launcher before every worker is stopped
+#: (Slurm's default KillWait between its SIGTERM and SIGKILL is 30 s).
+SIGTERM_GRACE_S = 30
+
+
+def _forward_sigterm() -> None:
+    """SIGTERM to the launcher goes to every worker, which gets `SIGTERM_GRACE_S` to end.
+
+    A worker with `mk.PreemptionCheckpoint` saves at the next step boundary common to
+    all workers and exits with `preemption.EXIT_STATUS`; a worker still running after
+    the grace period (or at a second SIGTERM) is stopped with the rest.
+    """
+
+    def on_sigterm(signum, frame):
+        if signal.getitimer(signal.ITIMER_REAL)[0]:  # a second SIGTERM: stop now
+            raise _Terminated
+        workers = preemption.local_workers(os.getpid(), RESTART_ENV)
+        local_job.say(
+            f"SIGTERM: sent to {len(workers)} worker(s); waiting up to {SIGTERM_GRACE_S} s for "
+            "them to end (mk.PreemptionCheckpoint saves at the next common step boundary)"
+        )
+        for pid in workers:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGTERM)
+        signal.setitimer(signal.ITIMER_REAL, SIGTERM_GRACE_S)
+
+    def on_alarm(signum, frame):
+        raise _Terminated
+
+    signal.signal(signal.SIGTERM, on_sigterm)
+    signal.signal(signal.SIGALRM, on_alarm)
+
+
 def run(args: argparse.Namespace) -> int:
     """Runs the launch described by parsed `args`; returns the exit code."""
     if args.hang_timeout_s is not None and not args.hang_timeout_s > 0:
@@ -225,6 +266,7 @@ def run(args: argparse.Namespace) -> int:
                 raise preemption.Preempted(job.first_rank + err.worker) from None
             raise
 
+    _forward_sigterm()
     try:
         with progress_dir:
             restart.run_with_restarts(
@@ -252,4 +294,12 @@ def run(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         local_job.say("interrupted; every worker was stopped")
         return 130
+    except _Terminated:
+        local_job.say(
+            f"SIGTERM: the workers had not ended {SIGTERM_GRACE_S} s after it (or a second "
+            "SIGTERM came); every worker was stopped"
+        )
+        return TERMINATED_STATUS
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
     return 0

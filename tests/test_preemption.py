@@ -1,0 +1,124 @@
+"""Preemption: SIGTERM to a running 2-worker job saves one checkpoint at a common step.
+
+`mirrorkit launch` gets SIGTERM (a cloud VM being reclaimed, Slurm's signal
+before the kill) in the middle of training; it sends SIGTERM to both workers,
+whose `mk.PreemptionCheckpoint` (TensorFlow's own PreemptionCheckpointHandler
+in a Keras callback) agree on the next step boundary, save there, and exit
+with status 42, and so does the launcher. The next launch, on ONE worker (a
+rescale: the checkpoint carries the step count and the global batch, not the
+worker count), resumes at that epoch and step and ends with the weights of an
+uninterrupted run (computed in the pytest process on 2 CPU replicas).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+TESTS = str(Path(__file__).parent)
+
+_SCRIPT = """
+    import sys, time
+    sys.path.insert(0, {tests!r})
+    import keras
+    import numpy as np
+    from _training import GLOBAL_BATCH, make_data, make_model
+    import mirrorkit as mk
+
+    ckpt, out, slow = sys.argv[1], sys.argv[2], sys.argv[3] == "slow"
+    strategy = mk.strategy()
+    rank = mk.describe(strategy).worker_index
+    model = mk.build(lambda: make_model("sgd", 0.1), strategy)
+    data = mk.distribute(make_data(), strategy, global_batch_size=GLOBAL_BATCH, shuffle=False)
+
+    class Events(keras.callbacks.Callback):
+        def on_epoch_begin(self, epoch, logs=None):
+            print(f"RAN epoch {{epoch + 1}} worker {{rank}}", flush=True)
+
+        def on_train_batch_end(self, batch, logs=None):
+            if slow:
+                time.sleep(0.3)  # time for the test's SIGTERM to land mid-epoch
+
+    model.fit(data, epochs=4, verbose=0, callbacks=[mk.PreemptionCheckpoint(ckpt, data), Events()])
+    if mk.is_chief():
+        np.save(out, np.concatenate([w.ravel() for w in model.get_weights()]))
+"""
+
+
+def _command(tmp_path, workers, slow):
+    script = tmp_path / "train_preempt.py"
+    script.write_text(textwrap.dedent(_SCRIPT.format(tests=TESTS)))
+    return [sys.executable, "-m", "mirrorkit", "launch", "-n", str(workers), "--no-pin"] + [
+        str(script),
+        str(tmp_path / "preempt"),
+        str(tmp_path / "final.npy"),
+        "slow" if slow else "fast",
+    ]
+
+
+def _env():
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
+    env.pop("TF_CONFIG", None)
+    return env
+
+
+def _uninterrupted():
+    import mirrorkit as mk
+    from tests._training import GLOBAL_BATCH, make_data, make_model
+
+    strategy = mk.strategy(cpu_replicas=2)
+    model = mk.build(lambda: make_model("sgd", 0.1), strategy)
+    data = mk.distribute(make_data(), strategy, global_batch_size=GLOBAL_BATCH, shuffle=False)
+    model.fit(data, epochs=4, verbose=0)
+    return np.concatenate([w.ravel() for w in model.get_weights()])
+
+
+@pytest.mark.slow
+def test_sigterm_saves_at_one_step_and_the_next_launch_on_one_worker_resumes(tmp_path):
+    job = subprocess.Popen(
+        _command(tmp_path, 2, slow=True),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=_env(),
+    )
+    lines, deadline = [], time.monotonic() + 600
+    for line in job.stdout:
+        lines.append(line)
+        if "RAN epoch 2 worker 0" in line:
+            time.sleep(0.5)  # into epoch 2
+            job.send_signal(signal.SIGTERM)
+            break
+        assert time.monotonic() < deadline, "".join(lines)
+    lines += job.stdout.readlines()
+    job.wait(timeout=120)
+    log = "".join(lines)
+    assert job.returncode == 42, log[-4000:]
+    saved = re.findall(
+        r"\[w(\d)\] mirrorkit: preempted \(SIGTERM\): checkpoint saved in \S+ "
+        r"at epoch (\d) step (\d); exiting with status 42",
+        log,
+    )
+    assert len(saved) == 1, log[-4000:]  # said once, by the chief
+    epoch, step = saved[0][1:]
+    assert "SIGTERM: sent to 2 worker(s); waiting up to 30 s" in log
+    assert re.search(r"worker \d was preempted \(SIGTERM\): every worker saved", log), log[-4000:]
+    assert "RAN epoch 4" not in log, "the SIGTERM came too late to test anything"
+
+    resumed = subprocess.run(
+        _command(tmp_path, 1, slow=False), capture_output=True, text=True, timeout=600, env=_env()
+    )
+    log = resumed.stdout + resumed.stderr
+    assert resumed.returncode == 0, log[-4000:]
+    assert f"resuming from the preemption checkpoint at epoch {epoch} step {step}" in log, log
+    assert f"RAN epoch {int(epoch) - 1} worker" not in log or epoch == "1"
+    np.testing.assert_allclose(np.load(tmp_path / "final.npy"), _uninterrupted(), atol=1e-5)

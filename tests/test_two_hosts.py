@@ -208,7 +208,7 @@ def test_a_cut_link_ends_the_other_host_with_a_clear_error_and_a_relaunch_resume
     assert "RAN epoch 4" not in said  # it ended in the middle, not at the end
     assert (
         f"mirrorkit: worker 0 failed with exit code 1; the other workers on this host were "
-        f"stopped; it lost contact with worker 1 at {addresses[1]} (--node-rank 1): that host "
+        f"stopped; it lost contact with worker 1 at {addresses[1]} (--node-rank 1): that worker "
         "stopped answering" in said
     ), first.both_logs()
     print(f"host 0 ended {took:.1f} s after host 1 was cut off ({hosts.mode})")

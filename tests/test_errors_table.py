@@ -234,6 +234,25 @@ def _nan_guard_with_accumulation():
     model.fit(x, y, batch_size=8, epochs=1, verbose=0, callbacks=[mk.callbacks.NaNGuard()])
 
 
+def _preemption_other_batch(tmp: pathlib.Path):
+    """A preemption checkpoint of global batch 32 (the variable alone), resumed with 16."""
+    import signal
+
+    import tensorflow as tf
+
+    ckpt = str(tmp / "preempt-32")
+    saved = tf.train.Checkpoint(mirrorkit_global_batch=tf.Variable(32, dtype=tf.int64))
+    tf.train.CheckpointManager(saved, ckpt, max_to_keep=1).save()
+    strategy = _strategy2()
+    model = mk.build(_tiny_model, strategy)
+    data = mk.distribute(_xy(32), strategy, global_batch_size=16, shuffle=False)
+    before = signal.getsignal(signal.SIGTERM)  # TensorFlow's handler watches SIGTERM
+    try:
+        model.fit(data, epochs=1, verbose=0, callbacks=[mk.PreemptionCheckpoint(ckpt, data)])
+    finally:
+        signal.signal(signal.SIGTERM, before)
+
+
 def _flags(*argv: str) -> Callable[[], object]:
     def run():
         from absl import flags
@@ -360,6 +379,11 @@ def _cases(tmp: pathlib.Path) -> dict[str, Callable[[], object]]:
         ),
         "callbacks-hang-timeout-env": _hang_watchdog_from_env("soon"),
         "nan-guard-unchecked-step": _nan_guard_with_accumulation,
+        # restart, preemption and rescale
+        "resumable-dir": lambda: mk.resumable(""),
+        "preemption-dir": lambda: mk.PreemptionCheckpoint("", 32),
+        "preemption-batch-size": lambda: mk.PreemptionCheckpoint("ckpt", "big"),
+        "preemption-other-batch": lambda: _preemption_other_batch(tmp),
         # mirrorkit.flags
         "flags-batch-both": _flags("--batch_size=64", "--per_replica_batch_size=8"),
         "flags-bucket-mb": _flags("--bucket_mb=0"),

@@ -182,9 +182,19 @@ def jobs():
         job.kill()
 
 
+@pytest.fixture
+def references():
+    started: list[subprocess.Popen] = []
+    yield started
+    for proc in started:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
 @pytest.mark.slow
 def test_a_cut_link_ends_the_other_host_with_a_clear_error_and_a_relaunch_resumes(
-    hosts, jobs, tmp_path
+    hosts, jobs, references, tmp_path
 ):
     if hosts.mode == "netns":
         addresses = [f"{address}:{PORT}" for address in hosts.addresses]
@@ -193,8 +203,11 @@ def test_a_cut_link_ends_the_other_host_with_a_clear_error_and_a_relaunch_resume
 
         ports = free_ports(2)
         addresses = [f"{a}:{p}" for a, p in zip(hosts.addresses, ports, strict=True)]
+    began = time.monotonic()
     first = _Job(hosts, tmp_path, "first", addresses, pause=0.5)
     jobs.append(first)
+    reference = _reference(tmp_path)  # alongside: mostly idle waits here
+    references.append(reference)
     first.wait_for(0, "STEP epoch 2 batch 1 worker 0", timeout_s=300)  # epoch 1 backed up
 
     hosts.cut(1, pids=[first.launchers[1].pid, *first.workers(1)])
@@ -211,11 +224,15 @@ def test_a_cut_link_ends_the_other_host_with_a_clear_error_and_a_relaunch_resume
         f"stopped; it lost contact with worker 1 at {addresses[1]} (--node-rank 1): that worker "
         "stopped answering" in said
     ), first.both_logs()
-    print(f"host 0 ended {took:.1f} s after host 1 was cut off ({hosts.mode})")
+    print(
+        f"\n{hosts.mode}: cut {cut - began:.0f} s after launch; host 0 ended {took:.1f} s after "
+        "the cut"
+    )
 
     if hosts.mode == "loopback":
         hosts.restore(1)  # thawed, host 1 finds host 0 gone
     exit_1 = first.wait(1, COLLECTIVE_TIMEOUT_S + EXIT_GRACE_S)
+    print(f"host 1 ended {time.monotonic() - cut:.1f} s after the cut")
     assert exit_1 != 0, first.both_logs()
     if hosts.mode == "netns":
         assert f"it lost contact with worker 0 at {addresses[0]} (--node-rank 0)" in first.log(1)
@@ -223,33 +240,35 @@ def test_a_cut_link_ends_the_other_host_with_a_clear_error_and_a_relaunch_resume
     assert left == [] and len(first.workers(0)) == len(first.workers(1)) == 1
 
     hosts.restore(1)
+    relaunched = time.monotonic()
     again = _Job(hosts, tmp_path, "again", addresses, pause=0)
     jobs.append(again)
     assert (again.wait(0, 300), again.wait(1, 60)) == (0, 0), again.both_logs()
+    print(f"the relaunch finished in {time.monotonic() - relaunched:.0f} s")
     resumed = again.log(0)
     assert "RAN epoch 2 worker 0" in resumed and "RAN epoch 1 worker" not in resumed, resumed
 
-    # The reference: one device, no TF_CONFIG, the same global batch and data order.
+    reference_out, reference_err = reference.communicate(timeout=300)
+    assert reference.returncode == 0, reference_err[-3000:]
+    np.testing.assert_allclose(np.load(again.out), np.load(tmp_path / "ref.npy"), atol=1e-5)
+
+
+def _reference(tmp_path: Path) -> subprocess.Popen:
+    """The same script on one device, no TF_CONFIG: the same global batch and data order."""
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
     env.pop("TF_CONFIG", None)
     (tmp_path / "ref-pids").mkdir()
-    reference = subprocess.run(
-        [
-            sys.executable,
-            str(tmp_path / "train_two_hosts.py"),
-            str(tmp_path / "ref-pids"),
-            str(tmp_path / "ref-backup"),
-            str(tmp_path / "ref.npy"),
-            "0",
-        ],
-        capture_output=True,
+    script, backup, out = (
+        str(tmp_path / n) for n in ("train_two_hosts.py", "ref-backup", "ref.npy")
+    )
+    return subprocess.Popen(
+        [sys.executable, script, str(tmp_path / "ref-pids"), backup, out, "0"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
         text=True,
-        timeout=300,
         env=env,
         cwd=ROOT,
     )
-    assert reference.returncode == 0, reference.stderr[-3000:]
-    np.testing.assert_allclose(np.load(again.out), np.load(tmp_path / "ref.npy"), atol=1e-5)
 
 
 # Worker output of TF 2.21 when a peer's link was cut (from the test above):

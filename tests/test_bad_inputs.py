@@ -95,14 +95,22 @@ def test_launch_timeout_names_the_workers_still_running():
     assert "worker(s) 0 of 2 were (worker(s) 1 had finished) still running" in message
 
 
-def _returns_a_lock():
-    return threading.Lock()
+def _lock_returner():
+    """A function returning a lock, defined in a function so that cloudpickle sends it by value.
+
+    Sent by reference, the worker would import this module, and with it TensorFlow.
+    """
+
+    def returns_a_lock():
+        return threading.Lock()
+
+    return returns_a_lock
 
 
 def test_launch_says_when_the_return_value_cannot_be_sent_back():
     # Before: "worker 0 failed with exit code 1" and a bare cloudpickle traceback.
     with pytest.raises(processes.WorkerError) as caught:
-        mk.launch(_returns_a_lock, num_workers=1, pin_cpus=False, private_network=False)
+        mk.launch(_lock_returner(), num_workers=1, pin_cpus=False, private_network=False)
     message = str(caught.value)
     assert "its return value (a lock) could not be sent back" in message
     assert "Return plain values instead" in message

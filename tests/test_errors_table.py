@@ -134,12 +134,22 @@ def _sleep_script(tmp: pathlib.Path) -> str:
     return str(path)
 
 
-def _returns_lock():
-    return threading.Lock()
+def _worker_functions():
+    """The functions mk.launch sends to its workers, defined here so that cloudpickle sends
+    them by value: sent by reference, each worker would import this module, and with it
+    TensorFlow (seconds of CPU per worker).
+    """
+
+    def returns_lock():
+        return threading.Lock()
+
+    def raises_in_worker():
+        raise ValueError("bad learning rate")
+
+    return returns_lock, raises_in_worker
 
 
-def _raises_in_worker():
-    raise ValueError("bad learning rate")
+_returns_lock, _raises_in_worker = _worker_functions()
 
 
 def _launch_inside_worker():

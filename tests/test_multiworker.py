@@ -1,7 +1,10 @@
 """Two real workers through TensorFlow's collective runtime on loopback.
 
 Each test starts fresh worker processes with TF_CONFIG naming both; nothing in
-tf.distribute is mocked.
+tf.distribute is mocked. The runs that must succeed share one 2-worker job
+(`healthy_job`: one strategy, each scenario on a model of its own) and their
+one-process references one fresh process (`one_process`); the runs that must
+fail upstream, or that leave a repair off, get jobs of their own.
 """
 
 import re
@@ -9,7 +12,7 @@ import re
 import numpy as np
 import pytest
 from _multiworker import run_workers
-from _training import LEARNING_RATES, train_both_optimizers
+from _training import LEARNING_RATES
 
 from mirrorkit.launcher.processes import WorkerError, run_function
 
@@ -17,30 +20,50 @@ pytestmark = pytest.mark.slow
 TOLERANCE = 1e-5
 
 
-def _train_on_workers():
+def _train_on_workers(strategy):
     from _training import LEARNING_RATES, train_small_model
 
-    import mirrorkit as mk
-
-    strategy = mk.strategy()
     assert type(strategy).__name__ == "CollectiveAllReduceStrategy"
     assert strategy.num_replicas_in_sync == 2
     return {name: train_small_model(strategy, name, lr) for name, lr in LEARNING_RATES.items()}
 
 
-@pytest.fixture(scope="module")
-def single_process():
-    return run_function(train_both_optimizers, (1,), timeout_s=300)[0]
+def _healthy_scenarios():
+    """In each worker: every scenario that must succeed, in turn, on one strategy."""
+    import mirrorkit as mk
+
+    strategy = mk.strategy()
+    return {
+        "train": _train_on_workers(strategy),
+        "evaluate": _evaluate_and_predict(strategy),
+        "inputs": _dict_and_pydataset_inputs(strategy),
+        "averaged": _fit_recording_step_logs("averaged", strategy),
+        "local": _fit_recording_step_logs("local", strategy),
+    }
+
+
+def _one_process_references():
+    """In one fresh process: what the healthy scenarios give without workers."""
+    return {
+        "evaluate": _evaluate_and_predict(),
+        "sgd_4_epochs": _single_process_sgd_fit(4),
+    }
 
 
 @pytest.fixture(scope="module")
-def two_workers():
-    return run_workers(_train_on_workers, n=2)
+def healthy_job():
+    return run_workers(_healthy_scenarios, n=2)
+
+
+@pytest.fixture(scope="module")
+def one_process():
+    return run_function(_one_process_references, timeout_s=300)[0]
 
 
 @pytest.mark.parametrize("optimizer", sorted(LEARNING_RATES))
-def test_two_workers_train_like_one_process(single_process, two_workers, optimizer):
-    want_weights, want_history = single_process[optimizer]
+def test_two_workers_train_like_one_process(one_device_runs, healthy_job, optimizer):
+    two_workers = [scenarios["train"] for scenarios in healthy_job]
+    want_weights, want_history = one_device_runs[optimizer]
     for worker, runs in enumerate(two_workers):
         weights, history = runs[optimizer]
         for i, (got, want) in enumerate(zip(weights, want_weights, strict=True)):
@@ -56,13 +79,13 @@ def test_two_workers_train_like_one_process(single_process, two_workers, optimiz
     assert two_workers[0][optimizer][1] == two_workers[1][optimizer][1]
 
 
-def _evaluate_and_predict():
+def _evaluate_and_predict(strategy=None):
     import tensorflow as tf
     from _training import GLOBAL_BATCH, make_data, make_model
 
     import mirrorkit as mk
 
-    model = mk.build(lambda: make_model("sgd", 0.1), mk.strategy())
+    model = mk.build(lambda: make_model("sgd", 0.1), strategy or mk.strategy())
     x, y = make_data()
     data = tf.data.Dataset.from_tensor_slices((x, y)).batch(GLOBAL_BATCH)
     evaluated = model.evaluate(data, verbose=0, return_dict=True)
@@ -70,9 +93,9 @@ def _evaluate_and_predict():
     return evaluated, predicted
 
 
-def test_evaluate_and_predict_match_one_process():
-    want_eval, want_pred = run_function(_evaluate_and_predict, timeout_s=300)[0]
-    for got_eval, got_pred in run_workers(_evaluate_and_predict, n=2):
+def test_evaluate_and_predict_match_one_process(one_process, healthy_job):
+    want_eval, want_pred = one_process["evaluate"]
+    for got_eval, got_pred in (scenarios["evaluate"] for scenarios in healthy_job):
         assert got_eval.keys() == want_eval.keys()
         for key in want_eval:
             assert got_eval[key] == pytest.approx(want_eval[key], abs=1e-6)
@@ -80,14 +103,12 @@ def test_evaluate_and_predict_match_one_process():
         np.testing.assert_allclose(got_pred, want_pred, rtol=0, atol=1e-6)  # ...in order
 
 
-def _dict_and_pydataset_inputs():
+def _dict_and_pydataset_inputs(strategy):
     import keras
     import numpy as np
     import tensorflow as tf
 
     import mirrorkit as mk
-
-    strategy = mk.strategy()
 
     def make():
         a = keras.Input((3,), name="a")
@@ -120,8 +141,8 @@ def _dict_and_pydataset_inputs():
     return dict_history.history["loss"], py_history.history["loss"]
 
 
-def test_dict_inputs_and_pydataset_on_two_workers():
-    results = run_workers(_dict_and_pydataset_inputs, n=2)
+def test_dict_inputs_and_pydataset_on_two_workers(healthy_job):
+    results = [scenarios["inputs"] for scenarios in healthy_job]
     for dict_loss, py_loss in results:
         assert len(dict_loss) == 2 and len(py_loss) == 2
         assert np.isfinite(dict_loss + py_loss).all()
@@ -222,7 +243,7 @@ def test_backup_and_checkpoint_fail_upstream(tmp_path):
     assert failures > 0
 
 
-def test_chief_writes_backups_and_checkpoints_and_every_worker_resumes(tmp_path):
+def test_chief_writes_backups_and_checkpoints_and_every_worker_resumes(tmp_path, one_process):
     import os
 
     directory = str(tmp_path)
@@ -231,7 +252,7 @@ def test_chief_writes_backups_and_checkpoints_and_every_worker_resumes(tmp_path)
     assert sorted(os.listdir(tmp_path / "ckpt")) == ["m-1.keras", "m-2.keras"]
     # A restarted job resumes from the chief's backup on both workers: epochs 3-4 only.
     resumed = run_workers(_fit_with_backup_and_checkpoints, directory, 4, True, 2)
-    uninterrupted = run_function(_single_process_sgd_fit, (4,), timeout_s=300)[0]
+    uninterrupted = one_process["sgd_4_epochs"]
     for weights, history, _ in resumed:
         assert len(history["loss"]) == 2
         np.testing.assert_allclose(history["loss"], uninterrupted[1]["loss"][2:], atol=TOLERANCE)
@@ -247,13 +268,12 @@ def _single_process_sgd_fit(epochs):
     return train_small_model(mk.strategy("one_device"), "sgd", 0.1, epochs=epochs)
 
 
-def _fit_recording_step_logs(step_logs):
+def _fit_recording_step_logs(step_logs, strategy):
     import keras
     from _training import GLOBAL_BATCH, make_data, make_model
 
     import mirrorkit as mk
 
-    strategy = mk.strategy()
     model = mk.build(lambda: make_model("sgd", 0.1), strategy, step_logs=step_logs)
     x, y = make_data()
     data = mk.distribute((x, y), strategy, global_batch_size=GLOBAL_BATCH, shuffle=False)
@@ -265,9 +285,9 @@ def _fit_recording_step_logs(step_logs):
     return step_losses, history.history, [w.tolist() for w in model.get_weights()]
 
 
-def test_local_step_logs_skip_the_per_step_average_and_keep_epoch_logs_exact():
-    averaged = run_workers(_fit_recording_step_logs, "averaged", n=2)
-    local = run_workers(_fit_recording_step_logs, "local", n=2)
+def test_local_step_logs_skip_the_per_step_average_and_keep_epoch_logs_exact(healthy_job):
+    averaged = [scenarios["averaged"] for scenarios in healthy_job]
+    local = [scenarios["local"] for scenarios in healthy_job]
     # Averaged: every worker sees the same per-step loss.
     assert averaged[0][0] == pytest.approx(averaged[1][0], abs=1e-7)
     # Local: each worker sees the loss of its own half of each batch.

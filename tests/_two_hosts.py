@@ -92,22 +92,8 @@ class Hosts:
                 raise OSError(holder.stderr.read().strip() or "namespace holder failed")
         peer = str(self._holders[1].pid)
         # Made inside host 0 with its peer moved straight into host 1: never in this namespace.
-        _run(
-            [
-                *self.enter(0),
-                "ip",
-                "link",
-                "add",
-                LINK,
-                "type",
-                "veth",
-                "peer",
-                "name",
-                LINK,
-                "netns",
-                peer,
-            ]
-        )
+        veth = f"ip link add {LINK} type veth peer name {LINK} netns {peer}"
+        _run([*self.enter(0), *veth.split()])
         for host, address in enumerate(NETNS_ADDRESSES):
             _run([*self.enter(host), "ip", "link", "set", "lo", "up"])
             _run([*self.enter(host), "ip", "addr", "add", f"{address}/24", "dev", LINK])

@@ -224,10 +224,8 @@ def test_a_cut_link_ends_the_other_host_with_a_clear_error_and_a_relaunch_resume
         f"stopped; it lost contact with worker 1 at {addresses[1]} (--node-rank 1): that worker "
         "stopped answering" in said
     ), first.both_logs()
-    print(
-        f"\n{hosts.mode}: cut {cut - began:.0f} s after launch; host 0 ended {took:.1f} s after "
-        "the cut"
-    )
+    why = f" ({hosts.why_loopback})" if hosts.why_loopback else ""
+    print(f"\n{hosts.mode}{why}: cut {cut - began:.0f} s in; host 0 ended {took:.1f} s later")
 
     if hosts.mode == "loopback":
         hosts.restore(1)  # thawed, host 1 finds host 0 gone

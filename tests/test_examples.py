@@ -1,7 +1,9 @@
 """The scenario examples: each passes --smoke, lists mirrorkit's flags in --help, refuses bad flags.
 
 Each test runs an example as a user would, in fresh processes; the
-multi-worker ones under ``mirrorkit launch -n 2`` with real workers.
+multi-worker ones under ``mirrorkit launch -n 2`` with real workers. Every
+example imports TensorFlow at start (seconds of CPU per process), so all of
+them are in the slow set; only the docstring check runs without a process.
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ def _ok(result, output):
     assert result.returncode == 0, output[-6000:]
 
 
+@pytest.mark.slow  # a fresh TensorFlow process that trains
 def test_workstation_vision_smoke():
     result, output = run(EXAMPLES / "workstation_vision.py", "--smoke")
     _ok(result, output)
@@ -87,10 +90,8 @@ def _help_texts():
     return {name: " ".join(fv[name].help.split()[:4]) for name in mk_flags.FLAG_NAMES}
 
 
-@pytest.mark.parametrize(
-    "example",
-    [SINGLE[0], *(pytest.param(name, marks=pytest.mark.slow) for name in SINGLE[1:] + MULTI)],
-)
+@pytest.mark.slow  # a fresh process per example, each importing TensorFlow
+@pytest.mark.parametrize("example", SINGLE + MULTI)
 def test_help_lists_the_mirrorkit_flags_with_help_text(example):
     result, output = run(EXAMPLES / example, "--help")
     assert result.returncode == 1, output[-3000:]  # absl exits 1 after printing --help
@@ -101,10 +102,8 @@ def test_help_lists_the_mirrorkit_flags_with_help_text(example):
     assert "--[no]smoke: Run a few steps only" in text
 
 
-@pytest.mark.parametrize(
-    "example",
-    [SINGLE[0], *(pytest.param(name, marks=pytest.mark.slow) for name in SINGLE[1:] + MULTI)],
-)
+@pytest.mark.slow  # a fresh process per example, each importing TensorFlow
+@pytest.mark.parametrize("example", SINGLE + MULTI)
 def test_a_wrong_flag_exits_non_zero_with_absls_message(example):
     result, output = run(EXAMPLES / example, "--no_such_flag=1")
     assert result.returncode != 0

@@ -50,25 +50,31 @@ def local_workers(launcher: int, marker: str) -> list[int]:
 
     `mirrorkit launch` sets its restart variable in every worker's environment, so
     this finds the workers and not the private network's supervisor between them.
+    The process tree comes from every ``/proc/PID/stat`` (a task's ``children``
+    file misses running children).
     """
-    found, todo = [], [launcher]
-    while todo:
-        pid = todo.pop()
+    parents: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
         try:
-            for task in os.listdir(f"/proc/{pid}/task"):
-                with open(f"/proc/{pid}/task/{task}/children") as f:
-                    todo += [int(child) for child in f.read().split()]
+            with open(f"/proc/{entry}/stat") as f:
+                stat = f.read()
         except OSError:
             continue
-        if pid == launcher:
-            continue
+        ppid = int(stat.rpartition(")")[2].split()[1])
+        parents.setdefault(ppid, []).append(int(entry))
+    found, todo = [], list(parents.get(launcher, []))
+    while todo:
+        pid = todo.pop()
+        todo += parents.get(pid, [])
         try:
             with open(f"/proc/{pid}/environ", "rb") as f:
-                if f"{marker}=".encode() in f.read():
+                if f"\0{marker}=".encode() in b"\0" + f.read():
                     found.append(pid)
         except OSError:
             continue
-    return found
+    return sorted(found)
 
 
 class Preempted(Exception):

@@ -154,7 +154,7 @@ def main(argv):
         epochs=1 if FLAGS.smoke else FLAGS.epochs,
         steps_per_epoch=3 if FLAGS.smoke else None,
         validation_data=None if FLAGS.smoke else test_data,
-        verbose=2 if mk.is_chief() else 0,
+        verbose=2,
         callbacks=throughput,
     )
     mk.print(throughput[0].report)

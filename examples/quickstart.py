@@ -60,7 +60,7 @@ def main():
     )
 
     throughput = mk.ThroughputCallback(warmup_steps=5, verbose=0)
-    model.fit(train, epochs=5, verbose=2 if mk.is_chief() else 0, callbacks=[throughput])
+    model.fit(train, epochs=5, verbose=2, callbacks=[throughput])
     mk.print(throughput.report)
     loss, accuracy = model.evaluate(test, verbose=0)
     mk.print(

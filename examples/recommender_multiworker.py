@@ -187,7 +187,7 @@ def main(argv):
         train,
         epochs=1 if FLAGS.smoke else FLAGS.epochs,
         steps_per_epoch=steps,
-        verbose=2 if mk.is_chief() else 0,
+        verbose=2,
         callbacks=throughput,
     )
     mk.print(throughput[0].report)

@@ -112,7 +112,7 @@ def main(argv):
         train,
         epochs=1 if FLAGS.smoke else FLAGS.epochs,
         steps_per_epoch=2 if FLAGS.smoke else None,
-        verbose=2 if mk.is_chief() else 0,
+        verbose=2,
         callbacks=throughput,
     )
     mk.print(throughput[0].report)

@@ -286,6 +286,16 @@ Collective ops is aborted by: Deadline Exceeded
 
 RPC: /tensorflow.CoordinationService/Heartbeat
 """
+# The same in TF 2.17 (the oldest tested): worker 0, then worker 1.
+_WORKER_0_SAID_217 = """\
+UNAVAILABLE: Error reported from /job:worker/task:1: Task /job:worker/replica:0/task:1 heartbeat \
+timeout. This indicates that the remote task has failed, got preempted, or crashed unexpectedly.
+"""
+_WORKER_1_SAID_217 = """\
+DEADLINE_EXCEEDED: Deadline Exceeded
+Additional GRPC error information from remote target /job:worker/replica:0/task:0 while calling \
+/tensorflow.CoordinationService/Heartbeat:
+"""
 # A peer whose server is gone (here: worker 0, after host 1 was thawed).
 _REFUSED_SAID = """\
 UnavailableError: failed to connect to all addresses; last error: UNKNOWN: ipv4:10.0.0.9:2222: \
@@ -301,6 +311,8 @@ _HEALTH_CHECK_SAID = (
     [
         (_WORKER_0_SAID, [1]),
         (_WORKER_1_SAID, [0]),
+        (_WORKER_0_SAID_217, [1]),
+        (_WORKER_1_SAID_217, [0]),
         (_HEALTH_CHECK_SAID.lower(), [3]),
         (_REFUSED_SAID, [2]),
         (_REFUSED_SAID + "from remote target /job:worker/replica:0/task:0 while calling", [0, 2]),

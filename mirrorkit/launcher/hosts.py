@@ -137,17 +137,23 @@ def from_slurm(env: Mapping[str, str], nproc: int, port: int = DEFAULT_PORT) -> 
     return multi_host(hosts, int(node_id), nproc, port)
 
 
-# What TensorFlow prints when a worker's peer stops answering (TF 2.21): the
-# coordination service on worker 0 names the tasks whose heartbeats stopped;
-# another worker's heartbeat to worker 0 times out; MWMS's own health check
-# names a task it found down; a call to a peer whose server is gone fails to
-# connect and names the remote target.
+# What TensorFlow prints when a worker's peer stops answering (TF 2.17 to 2.21):
+# the coordination service on worker 0 names the tasks whose heartbeats stopped
+# ("tasks are unhealthy" in 2.21, "Task ... heartbeat timeout" in 2.17); another
+# worker's heartbeat to worker 0 times out; MWMS's own health check names a task
+# it found down; a call to a peer whose server is gone fails to connect and
+# names the remote target.
 _UNHEALTHY = re.compile(
     r"tasks are unhealthy \(stopped sending heartbeats\):((?:\s*/job:\w+/replica:\d+/task:\d+)+)"
 )
 _TASK = re.compile(r"/task:(\d+)")
+_HEARTBEAT_TIMEOUT = re.compile(r"Task /job:\w+/replica:\d+/task:(\d+) heartbeat timeout")
 _HEALTH_CHECK = re.compile(r"cluster check alive failed, /job:\w+/replica:\d+/task:(\d+) is down")
 _HEARTBEAT_RPC = "RPC: /tensorflow.CoordinationService/Heartbeat"
+_HEARTBEAT_TO = re.compile(
+    r"from remote target /job:\w+/replica:\d+/task:(\d+) while calling "
+    r"/tensorflow.CoordinationService/Heartbeat"
+)
 _NO_CONNECTION = "failed to connect to all addresses"
 _REMOTE = re.compile(r"from remote target /job:\w+/replica:\d+/task:(\d+)")
 _REFUSED_AT = re.compile(r"ipv[46]:\[?([^\s\]]+?)\]?:(\d+): Failed to connect")
@@ -172,7 +178,8 @@ def lost_peers(output: str, addresses: Sequence[str]) -> list[int]:
     ```
     """
     ranks = {int(t) for found in _UNHEALTHY.findall(output) for t in _TASK.findall(found)}
-    ranks.update(int(t) for t in _HEALTH_CHECK.findall(output))
+    for pattern in (_HEARTBEAT_TIMEOUT, _HEALTH_CHECK, _HEARTBEAT_TO):
+        ranks.update(int(t) for t in pattern.findall(output))
     if _NO_CONNECTION in output:
         ranks.update(int(t) for t in _REMOTE.findall(output))
         unreachable = {f"{host}:{port}" for host, port in _REFUSED_AT.findall(output)}

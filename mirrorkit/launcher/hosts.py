@@ -3,7 +3,9 @@
 Every host of a multi-host job runs ``mirrorkit launch`` with the same
 ``--hosts`` (or inside the same Slurm allocation), so every host computes the
 same worker list: host k's local worker j is global worker ``k * nproc + j``
-and listens on ``port + j`` of host k.
+and listens on ``port + j`` of host k. When a worker fails because a peer
+stopped answering, `lost_peer_note` maps the task TensorFlow names back to that
+host (``host:port`` and ``--node-rank``) for the launcher's last line.
 """
 
 from __future__ import annotations

@@ -1,16 +1,20 @@
 """The one-line verdict on where a training step's time goes, and the fix to try.
 
 From the measured shares of a step: waiting for input (`InputClock`: a
-worker's wait for its own batch, not for the other workers), and, in a
-multi-worker job, the slowest worker's computation (``compute_share``); the
-rest is the all-reduce (the gradients', and a finite dataset's agreement on
-whether there is a next batch) and per-step host work.
+worker's wait for its own batch, not for the other workers), host work
+outside Keras's compiled train function (``host_share``: callbacks, logging,
+Python between steps), and, in a multi-worker job, the slowest worker's
+computation (``compute_share``); the rest is the all-reduce (the
+gradients', and a finite dataset's agreement on whether there is a next
+batch).
 """
 
 from __future__ import annotations
 
 #: A step that waits for data this share of its time or more is input-bound.
 INPUT_BOUND_SHARE = 0.2
+#: A step that spends this share of its time outside the compiled train function is host-bound.
+HOST_BOUND_SHARE = 0.3
 #: A multi-worker step that computes less than this share of its time is communication-bound.
 COMMUNICATION_BOUND_SHARE = 0.7
 
@@ -19,6 +23,9 @@ def verdict(
     input_wait_share: float | None,
     compute_share: float | None,
     waiting_worker: int | None = None,
+    *,
+    host_share: float | None = None,
+    host_worker: int | None = None,
 ) -> str | None:
     """One line: input-, communication- or compute-bound, with the fix to try.
 
@@ -29,6 +36,10 @@ def verdict(
             (multi-worker jobs), or None.
         waiting_worker: the worker whose input wait that is (multi-worker
             jobs), named in an input-bound verdict.
+        host_share: the measured share of each step spent outside the compiled
+            train function (callbacks, logging, Python), the largest of the
+            workers' in a multi-worker job.
+        host_worker: the worker whose host share that is (multi-worker jobs).
 
     Returns:
         The verdict, or None when nothing was measured.
@@ -48,6 +59,13 @@ def verdict(
         return (
             f"input-bound: {input_wait_share:.0%} of each step waits for data{whose}; "
             "add prefetch / parallel map / cache"
+        )
+    if host_share is not None and host_share >= HOST_BOUND_SHARE:
+        where = "" if host_worker is None else f" on worker {host_worker}"
+        return (
+            f"host-bound: {host_share:.0%} of each step is spent outside the compiled step{where} "
+            "(callbacks, logging, Python); make per-step callbacks cheaper or raise "
+            "steps_per_execution"
         )
     if compute_share is not None and compute_share < COMMUNICATION_BOUND_SHARE:
         return (

@@ -152,6 +152,7 @@ class ThroughputCallback(keras.callbacks.Callback):
             self.straggler_min_gap_s,
         )
         self._steps_seen = 0
+        self._time_train_function()
         if self.tensorboard_dir and chief.is_chief() and self._writer is None:
             self._writer = tf.summary.create_file_writer(self.tensorboard_dir)
 
@@ -159,6 +160,8 @@ class ThroughputCallback(keras.callbacks.Callback):
         """Starts the epoch's clock."""
         self._epoch_start = self._last = time.perf_counter()
         self._step_times: list[float] = []
+        self._host_times: list[float] = []
+        self._inside_s = 0.0
         self._calls = 0
         self._input_clock.recording = True
 
@@ -174,6 +177,7 @@ class ThroughputCallback(keras.callbacks.Callback):
         """Records the step's wall time; prints progress every `log_every` steps."""
         now = time.perf_counter()
         elapsed, self._last = now - self._last, now
+        inside, self._inside_s = self._inside_s, 0.0
         steps = self._steps_per_call()
         self._steps_seen += steps
         self._calls += 1
@@ -181,6 +185,7 @@ class ThroughputCallback(keras.callbacks.Callback):
             self.report.global_batch_size = self._batch_from_loss_tracker(steps)
         if self._steps_seen > self.warmup_steps and self._calls > 1:
             self._step_times += [elapsed / steps] * steps
+            self._host_times += [max(elapsed - inside, 0.0) / steps] * steps
         if (
             self.log_every
             and self.verbose
@@ -198,19 +203,30 @@ class ThroughputCallback(keras.callbacks.Callback):
         times = np.array(self._step_times)
         waits = self._input_clock.read_new()
         own_wait = input_clock.wait_share(waits, times) if self._steps_per_call() == 1 else None
+        own_host = float(np.sum(self._host_times) / times.sum()) if times.sum() > 0 else None
         compute = self._clock.read_new() if self._clock.installed else np.zeros(0)
-        worker_medians, worker_waits = self._gather_worker_figures(compute, own_wait)
+        worker_medians, worker_waits, worker_hosts = self._gather_worker_figures(
+            compute, own_wait, own_host
+        )
         if times.size == 0:
             return
         figures = self._figures(epoch + 1, times, worker_medians)
-        figures.input_wait_share = own_wait
-        waiting_worker = None
+        figures.input_wait_share, figures.host_share = own_wait, own_host
+        waiting_worker = host_worker = None
         if worker_waits and None not in worker_waits:
             figures.worker_input_wait_share = worker_waits
             waiting_worker = int(np.argmax(worker_waits))
             figures.input_wait_share = worker_waits[waiting_worker]
+        if worker_hosts and None not in worker_hosts:
+            figures.worker_host_share = worker_hosts
+            host_worker = int(np.argmax(worker_hosts))
+            figures.host_share = worker_hosts[host_worker]
         figures.verdict = bottleneck.verdict(
-            figures.input_wait_share, figures.compute_share, waiting_worker
+            figures.input_wait_share,
+            figures.compute_share,
+            waiting_worker,
+            host_share=figures.host_share,
+            host_worker=host_worker,
         )
         self.report.epochs.append(figures)
         if logs is not None:
@@ -231,6 +247,8 @@ class ThroughputCallback(keras.callbacks.Callback):
 
     def on_train_end(self, logs: dict | None = None) -> None:
         """Removes the step instrumentation and flushes TensorBoard."""
+        if getattr(self.model.train_function, "_throughput_timed", None) is not None:
+            self.model.train_function = self.model.train_function._throughput_timed
         self._input_clock.uninstall()
         self._clock.uninstall()
         if self._writer is not None:
@@ -292,22 +310,39 @@ class ThroughputCallback(keras.callbacks.Callback):
             return None
         return int(round(float(keras.ops.convert_to_numpy(count)) / max(self._calls, 1) / steps))
 
+    def _time_train_function(self) -> None:
+        """Times each call of Keras's train function: the rest of a step is host work."""
+        original = self.model.train_function
+        if original is None or getattr(original, "_throughput_timed", None) is not None:
+            return
+
+        def timed(iterator):
+            start = time.perf_counter()
+            try:
+                return original(iterator)
+            finally:
+                self._inside_s += time.perf_counter() - start
+
+        timed._throughput_timed = original
+        self.model.train_function = timed
+
     def _gather_worker_figures(
-        self, compute: np.ndarray, input_wait: float | None
-    ) -> tuple[list[float], list[float | None]]:
-        """Every worker's median own-work time and input-wait share, by one collective."""
+        self, compute: np.ndarray, input_wait: float | None, host: float | None
+    ) -> tuple[list[float], list[float | None], list[float | None]]:
+        """Every worker's median own-work time, input-wait and host shares, by one collective."""
         workers = self.report.num_workers
         if workers < 2 or not self._clock.installed:
-            return [], []
+            return [], [], []
         skip = (
             min(self.warmup_steps, max(compute.size - 1, 0)) if len(self.report.epochs) == 0 else 0
         )
         mine = float(np.median(compute[skip:])) if compute.size else 0.0
-        wait = -1.0 if input_wait is None else input_wait  # no share: -1 (shares are >= 0)
-        table = workers_lib.gather(self.model.distribute_strategy, [mine, wait])
+        shares = [-1.0 if v is None else v for v in (input_wait, host)]  # none: -1
+        table = workers_lib.gather(self.model.distribute_strategy, [mine, *shares])
         return (
             [float(v) for v in table[:, 0]],
             [None if v < 0 else float(v) for v in table[:, 1]],
+            [None if v < 0 else float(v) for v in table[:, 2]],
         )
 
     def _write_tensorboard(self, figures: EpochThroughput) -> None:
@@ -321,6 +356,7 @@ class ThroughputCallback(keras.callbacks.Callback):
                 "spread",
                 "compute_share",
                 "input_wait_share",
+                "host_share",
             ):
                 value = getattr(figures, key)
                 if value is not None:

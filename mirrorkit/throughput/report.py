@@ -12,7 +12,7 @@ from mirrorkit import tables
 
 #: Columns of the text and HTML tables: (key, heading, format).
 #: Verdicts that name a fix; every other epoch is summed up in one line.
-_ACTIONABLE = ("input-bound", "communication-bound")
+_ACTIONABLE = ("input-bound", "host-bound", "communication-bound")
 _COLUMNS = (
     ("epoch", "epoch", "{:d}"),
     ("examples_per_sec", "examples/s", "{:,.1f}"),
@@ -26,6 +26,7 @@ _COLUMNS = (
     ("slowest_worker", "slowest worker", "{}"),
     ("compute_share", "compute share", "{:.2f}"),
     ("input_wait_share", "input wait", "{:.2f}"),
+    ("host_share", "host", "{:.2f}"),
     ("straggler", "straggler", "{}"),
 )
 
@@ -62,6 +63,10 @@ class EpochThroughput:
         worker_input_wait_share: each worker's own input-wait share, in
             worker order (multi-worker jobs): its wait for its own batch,
             never the wait for the other workers.
+        host_share: the share of step time spent outside Keras's compiled
+            train function (callbacks, logging, Python between steps); in a
+            multi-worker job the largest of the workers' shares.
+        worker_host_share: each worker's host share, in worker order.
         verdict: one line: input-, communication- or compute-bound, and
             the fix to try (see `bottleneck`).
     """
@@ -83,6 +88,8 @@ class EpochThroughput:
     scaling_efficiency: float | None = None
     input_wait_share: float | None = None
     worker_input_wait_share: list[float] = dataclasses.field(default_factory=list)
+    host_share: float | None = None
+    worker_host_share: list[float] = dataclasses.field(default_factory=list)
     verdict: str | None = None
 
 

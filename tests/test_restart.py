@@ -203,7 +203,7 @@ def test_failure_reads_the_chiefs_progress_and_the_keras_backup(tmp_path):
     backup.mkdir()
     (backup / "training_metadata.json").write_text('{"epoch": 2, "batch": 0}')
     record = str(tmp_path / "progress.json")
-    progress.write(record, str(backup), 5, progress.Position(2, 3))
+    progress.Recorder(record, str(backup), 5).at(2, 3)
     failure = Failure.read(record)
     assert failure.where() == " at epoch 3 step 3"
     assert failure.resuming() == "resuming from the backup at epoch 3 step 0: 3 step(s) redone"

@@ -75,27 +75,24 @@ def _record_progress(callback: keras.callbacks.BackupAndRestore, path: str) -> N
     this instance (its class is unchanged).
     """
     restore = callback.on_train_begin
-    state = {"epoch": 0, "steps": None}
-
-    def write(step: int) -> None:
-        at = progress.Position(state["epoch"], step)
-        progress.write(path, callback.backup_dir, state["steps"], at)
+    state = {"epoch": 0, "recorder": None}
 
     def on_train_begin(logs=None):
         restore(logs)
-        state["steps"] = (callback.params or {}).get("steps")
+        steps = (callback.params or {}).get("steps")
+        state["recorder"] = progress.Recorder(path, callback.backup_dir, steps)
         state["epoch"] = getattr(callback.model, "_initial_epoch", None) or 0
-        write(0)
+        state["recorder"].at(state["epoch"], 0)
 
     def on_epoch_begin(epoch, logs=None):
         state["epoch"] = epoch
-        write(0)
+        state["recorder"].at(epoch, 0)
 
     end_batch = callback.on_train_batch_end
 
     def on_train_batch_end(batch, logs=None):
         end_batch(batch, logs)
-        write(batch + 1)
+        state["recorder"].at(state["epoch"], batch + 1)
 
     callback.on_train_begin = on_train_begin
     callback.on_epoch_begin = on_epoch_begin

@@ -263,6 +263,28 @@ def _preemption_other_batch(tmp: pathlib.Path):
         signal.signal(signal.SIGTERM, before)
 
 
+def _preemption_fit(ckpt: str, compile_kwargs: dict, data_fn) -> None:
+    """`fit` of a tiny model with `mk.PreemptionCheckpoint` (raises at the start of fit)."""
+    import keras
+
+    def make():
+        model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)])
+        model.compile(optimizer="sgd", loss="mse", **compile_kwargs)
+        return model
+
+    strategy = _strategy2()
+    model = mk.build(make, strategy)
+    model.fit(data_fn(strategy), epochs=1, verbose=0, callbacks=[mk.PreemptionCheckpoint(ckpt, 16)])
+
+
+def _unknown_length(strategy):
+    import tensorflow as tf
+
+    x, y = _xy(32)
+    data = tf.data.Dataset.from_tensor_slices((x, y)).filter(lambda a, b: True)
+    return mk.distribute(data, strategy, global_batch_size=16, shuffle=False)
+
+
 def _flags(*argv: str) -> Callable[[], object]:
     def run():
         from absl import flags
@@ -394,6 +416,12 @@ def _cases(tmp: pathlib.Path) -> dict[str, Callable[[], object]]:
         "preemption-dir": lambda: mk.PreemptionCheckpoint("", 32),
         "preemption-batch-size": lambda: mk.PreemptionCheckpoint("ckpt", "big"),
         "preemption-other-batch": lambda: _preemption_other_batch(tmp),
+        "preemption-steps-per-execution": lambda: _preemption_fit(
+            str(tmp / "p-spe"),
+            {"steps_per_execution": 2},
+            lambda s: mk.distribute(_xy(32), s, global_batch_size=16, shuffle=False),
+        ),
+        "preemption-epoch-length": lambda: _preemption_fit(str(tmp / "p-len"), {}, _unknown_length),
         # mirrorkit.flags
         "flags-batch-both": _flags("--batch_size=64", "--per_replica_batch_size=8"),
         "flags-bucket-mb": _flags("--bucket_mb=0"),

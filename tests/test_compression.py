@@ -20,10 +20,17 @@ def _train(strategy, compression=None):
     return model.get_weights()
 
 
+@pytest.fixture(scope="module")
+def uncompressed():
+    """One device and 2 replicas without compression: trained once for both 16-bit formats."""
+    return _train(mk.strategy("one_device")), _train(mk.strategy(cpu_replicas=2))
+
+
 @pytest.mark.parametrize("compression, tolerance", [("fp16", FP16_TOLERANCE), ("bf16", 2e-2)])
-def test_compressed_all_reduce_stays_close_to_one_device(compression, tolerance, capfd):
-    reference = _train(mk.strategy("one_device"))
-    exact = _train(mk.strategy(cpu_replicas=2))
+def test_compressed_all_reduce_stays_close_to_one_device(
+    compression, tolerance, uncompressed, capfd
+):
+    reference, exact = uncompressed
     compressed = _train(mk.strategy(cpu_replicas=2), compression)
     exact_diff = max(float(np.abs(a - b).max()) for a, b in zip(exact, reference, strict=True))
     diff = max(float(np.abs(a - b).max()) for a, b in zip(compressed, reference, strict=True))

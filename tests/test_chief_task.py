@@ -11,19 +11,9 @@ import pytest
 from _multiworker import own_tf_configs, run_workers
 from test_throughput import check_straggler_reports, fit_with_one_slow_worker
 
-from mirrorkit.launcher.processes import run_function
-
 pytestmark = pytest.mark.slow
 TOLERANCE = 1e-5
 NUM_IDS, GLOBAL_BATCH = 200, 20
-
-
-def _one_process():
-    from _training import LEARNING_RATES, train_small_model
-
-    import mirrorkit as mk
-
-    return train_small_model(mk.strategy("one_device"), "sgd", LEARNING_RATES["sgd"])
 
 
 def _task_of_a_job_with_a_chief():
@@ -67,8 +57,11 @@ def job_with_a_chief_and_an_evaluator():
     return dict(zip(tasks, results, strict=True))
 
 
-def test_chief_and_worker_train_like_one_process(job_with_a_chief_and_an_evaluator):
-    want_weights, want_history = run_function(_one_process, timeout_s=300)[0]
+def test_chief_and_worker_train_like_one_process(
+    job_with_a_chief_and_an_evaluator, one_device_runs
+):
+    # train_small_model(mk.strategy("one_device"), "sgd", LEARNING_RATES["sgd"]), fresh process
+    want_weights, want_history = one_device_runs["sgd"]
     for task in ("chief", "worker"):
         weights, history = job_with_a_chief_and_an_evaluator[task]["sgd"]
         for i, (got, want) in enumerate(zip(weights, want_weights, strict=True)):

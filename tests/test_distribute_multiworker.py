@@ -1,4 +1,7 @@
-"""`mk.distribute` on two real workers through TensorFlow's collective runtime."""
+"""`mk.distribute` on two real workers through TensorFlow's collective runtime.
+
+Both scenarios run in one 2-worker job (`job`), one after the other on one strategy.
+"""
 
 import numpy as np
 import pytest
@@ -18,19 +21,37 @@ def _local_ids(strategy, distributed, key=None):
     return seen
 
 
-def _arrays_on_workers():
-
+def _arrays_on_workers(strategy):
     import mirrorkit as mk
 
-    strategy = mk.strategy()
     ids = np.arange(NUM_EXAMPLES, dtype="int64")
     train = mk.distribute((ids, ids), strategy, global_batch_size=GLOBAL_BATCH)  # seed drawn
     evaluation = mk.distribute((ids, ids), strategy, global_batch_size=GLOBAL_BATCH, for_eval=True)
     return _local_ids(strategy, train), _local_ids(strategy, evaluation), train.dropped_per_epoch
 
 
-def test_two_workers_share_each_epoch_without_overlap():
-    results = run_workers(_arrays_on_workers, n=2)
+def _both_on_workers(data_dir):
+    import mirrorkit as mk
+
+    strategy = mk.strategy()
+    return {"arrays": _arrays_on_workers(strategy), "tfds": _tfds_on_workers(strategy, data_dir)}
+
+
+@pytest.fixture(scope="module")
+def tfds_dir(tmp_path_factory):
+    from _tfds_builder import prepare
+
+    directory = tmp_path_factory.mktemp("tfds")
+    return str(directory), prepare(str(directory))
+
+
+@pytest.fixture(scope="module")
+def job(tfds_dir):
+    return run_workers(_both_on_workers, tfds_dir[0], n=2)
+
+
+def test_two_workers_share_each_epoch_without_overlap(job):
+    results = [scenarios["arrays"] for scenarios in job]
     (train0, eval0, dropped), (train1, eval1, _) = results
     assert train0 and train1 and not set(train0) & set(train1)  # the drawn seed is shared
     seen = train0 + train1
@@ -40,12 +61,11 @@ def test_two_workers_share_each_epoch_without_overlap():
     assert not set(eval0) & set(eval1)
 
 
-def _tfds_on_workers(data_dir):
+def _tfds_on_workers(strategy, data_dir):
     from _tfds_builder import TinyImages
 
     import mirrorkit as mk
 
-    strategy = mk.strategy()
     data = mk.distribute(
         TinyImages(data_dir=data_dir),
         strategy,
@@ -57,13 +77,13 @@ def _tfds_on_workers(data_dir):
     return _local_ids(strategy, data, "id"), data.steps_per_epoch, data.dropped_per_epoch
 
 
-def test_tfds_files_are_read_by_exactly_one_worker(tmp_path):
-    from _tfds_builder import NUM_FILES, NUM_TRAIN, ids_per_file, prepare
+def test_tfds_files_are_read_by_exactly_one_worker(tfds_dir, job):
+    from _tfds_builder import NUM_FILES, NUM_TRAIN, ids_per_file
 
-    builder = prepare(str(tmp_path))
+    builder = tfds_dir[1]
     files = ids_per_file(builder, "train")
     assert len(files) == NUM_FILES
-    (ids0, steps, dropped), (ids1, steps1, _) = run_workers(_tfds_on_workers, str(tmp_path), n=2)
+    (ids0, steps, dropped), (ids1, steps1, _) = (scenarios["tfds"] for scenarios in job)
     assert steps == steps1 and len(ids0) == len(ids1) == steps * 8
     assert len(set(ids0 + ids1)) == len(ids0 + ids1)  # no example twice
     assert NUM_TRAIN - len(ids0 + ids1) == dropped

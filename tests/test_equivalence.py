@@ -1,26 +1,43 @@
 """Data parallelism is one big batch: N replicas end where one device ends.
 
-Each replica count trains in its own fresh process (TensorFlow fixes logical
-devices at first use). The same model, weights, data and global batch must
-give the same weights and the same loss and metric history within 1e-5.
+The one-device reference trains in a fresh process of its own (the session's
+`one_device_runs`); the replica runs train in one other fresh process that
+fixes 4 logical CPUs first and serves 2 replicas from them (each run on a
+strategy and model of its own). The same model, weights, data and global batch
+must give the same weights and the same loss and metric history within 1e-5.
 """
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
-from _training import train_both_optimizers
 
 TOLERANCE = 1e-5
 
 pytestmark = pytest.mark.slow
 
 
+#: (replicas, learning-rate scale) of the runs: 4 first, so that the process fixes 4 CPUs.
+RUNS = [(4, 1.0), (2, 1.0), (2, 2.0)]
+
+
+def _replica_runs():
+    """In one fresh process: `train_both_optimizers` for every entry of RUNS."""
+    from _training import train_both_optimizers
+
+    return {run: train_both_optimizers(*run) for run in RUNS}
+
+
 @pytest.fixture(scope="module")
-def one_device():
+def replica_runs():
     from mirrorkit.launcher.processes import run_function
 
-    return run_function(train_both_optimizers, (1,), timeout_s=300)[0]
+    return run_function(_replica_runs, timeout_s=300)[0]
+
+
+@pytest.fixture(scope="module")
+def one_device(one_device_runs):
+    return one_device_runs
 
 
 def assert_same_run(got, want, tolerance=TOLERANCE):
@@ -38,30 +55,13 @@ def assert_same_run(got, want, tolerance=TOLERANCE):
 
 @pytest.mark.parametrize("replicas", [2, 4])
 @pytest.mark.parametrize("optimizer", ["sgd", "adam"])
-def test_replicas_match_one_device(fresh, one_device, replicas, optimizer):
-    runs = _runs_for(fresh, replicas)
-    assert_same_run(runs[optimizer], one_device[optimizer])
-
-
-_cache: dict[int, dict] = {}
-
-
-def _runs_for(fresh, replicas):
-    if replicas not in _cache:
-        _cache[replicas] = fresh(train_both_optimizers, replicas)
-    return _cache[replicas]
+def test_replicas_match_one_device(replica_runs, one_device, replicas, optimizer):
+    assert_same_run(replica_runs[replicas, 1.0][optimizer], one_device[optimizer])
 
 
 @pytest.mark.parametrize("optimizer", ["sgd", "adam"])
-def test_comparison_detects_unaveraged_gradients(fresh, one_device, optimizer):
+def test_comparison_detects_unaveraged_gradients(replica_runs, one_device, optimizer):
     # Summed instead of averaged gradients over 2 replicas scale each step by 2,
     # as a doubled learning rate does. The comparison above must catch that.
-    doubled = _doubled(fresh)
     with pytest.raises(AssertionError):
-        assert_same_run(doubled[optimizer], one_device[optimizer])
-
-
-def _doubled(fresh):
-    if "doubled" not in _cache:
-        _cache["doubled"] = fresh(train_both_optimizers, 2, 2.0)
-    return _cache["doubled"]
+        assert_same_run(replica_runs[2, 2.0][optimizer], one_device[optimizer])

@@ -134,6 +134,7 @@ def test_outputs_parse_and_show_the_figures(tmp_path, capfd, clock):
 
     Cells().feed(callback.report._repr_html_())
     assert "examples/s" in cells and "epoch" in cells
+    assert verdicts and all(line in cells for line in verdicts)  # the verdicts show there too
     assert list((tmp_path / "tb").iterdir())  # TensorBoard event file
     figure = callback.report.plot(str(tmp_path / "throughput.png"))
     assert (tmp_path / "throughput.png").stat().st_size > 0 and figure is not None

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import html
 import json
 from typing import Any
 
@@ -185,12 +186,15 @@ class ThroughputReport:
         return lines
 
     def _repr_html_(self) -> str:
+        """The table, then the verdict lines (as `str` ends), for notebooks."""
         keep = self._columns()
-        return tables.html_columns(
+        table = tables.html_columns(
             [_COLUMNS[i][1] for i in keep],
             [[row[i] for i in keep] for row in self._rows()],
             caption=str(self).splitlines()[0],
         )
+        verdicts = "".join(f"<div>{html.escape(line)}</div>" for line in self._verdict_lines())
+        return table + verdicts
 
     def plot(self, path: str | None = None):
         """Plots examples/s and step times per epoch with matplotlib.

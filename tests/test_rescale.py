@@ -54,6 +54,7 @@ def sigterm_handler_restored():
     signal.signal(signal.SIGTERM, before)
 
 
+@pytest.mark.slow
 def test_preempted_on_4_replicas_resumes_on_2_equal_to_uninterrupted(
     tmp_path, capsys, sigterm_handler_restored
 ):
@@ -74,6 +75,7 @@ def test_preempted_on_4_replicas_resumes_on_2_equal_to_uninterrupted(
     assert np.abs(resumed - _train(2, [], global_batch=16)).max() > 1e-3  # a different run differs
 
 
+@pytest.mark.slow
 def test_a_different_global_batch_on_resume_is_refused_unless_asked(
     tmp_path, capsys, sigterm_handler_restored
 ):

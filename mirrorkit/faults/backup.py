@@ -18,7 +18,11 @@ In a multi-worker job only the chief writes the backup (`mirrorkit.compat`'s
 chief-only repair) and every worker restores it, so the directory must be on
 storage every worker sees. What Keras does not close: a worker killed in the
 moment between writing the weights and writing the small metadata file
-(``training_metadata.json``) leaves the new weights with the old epoch.
+(``training_metadata.json``) leaves the new weights with the old epoch. And a
+resumed run ends equal to an uninterrupted one only for input whose order does
+not depend on how often it was iterated (``mk.distribute(..., shuffle=False)``):
+a shuffled dataset draws a new order for each iterator Keras makes (two an
+epoch in Keras 3.15), so the resumed epochs see the first orders again.
 """
 
 from __future__ import annotations

@@ -187,9 +187,12 @@ def _forward_sigterm() -> None:
             f"SIGTERM: sent to {len(workers)} worker(s); waiting up to {SIGTERM_GRACE_S} s for "
             "them to end (mk.PreemptionCheckpoint saves at the next common step boundary)"
         )
-        for pid in workers:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGTERM)
+        for pid in workers:  # each leads its own process group (its start-up watcher too)
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                if os.getpgid(pid) == pid:
+                    os.killpg(pid, signal.SIGTERM)
+                else:
+                    os.kill(pid, signal.SIGTERM)
         signal.setitimer(signal.ITIMER_REAL, SIGTERM_GRACE_S)
 
     def on_alarm(signum, frame):

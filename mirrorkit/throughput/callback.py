@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import json
 import os
 import time
-from typing import Any
 
 import keras
 import numpy as np
@@ -14,11 +12,14 @@ import tensorflow as tf
 from mirrorkit import chief, internals
 from mirrorkit import workers as workers_lib
 from mirrorkit.throughput import bottleneck, input_clock
-from mirrorkit.throughput.report import EpochThroughput, ThroughputReport, straggler_text
+from mirrorkit.throughput.baseline import read_baseline
+from mirrorkit.throughput.report import EpochThroughput, ThroughputReport
 from mirrorkit.throughput.step_clock import StepClock
-
-#: A straggler must also be this many seconds a step slower than the others' median.
-STRAGGLER_MIN_GAP_S = 0.01
+from mirrorkit.throughput.stragglers import (  # noqa: F401 (find_straggler: public here too)
+    STRAGGLER_MIN_GAP_S,
+    find_straggler,
+    straggler_text,
+)
 
 
 class ThroughputCallback(keras.callbacks.Callback):
@@ -113,7 +114,7 @@ class ThroughputCallback(keras.callbacks.Callback):
         self.warmup_steps = warmup_steps
         self.tensorboard_dir = tensorboard_dir
         self.json_path = json_path
-        self.baseline = _read_baseline(baseline)
+        self.baseline = read_baseline(baseline)
         self.straggler_factor = straggler_factor
         self.straggler_min_gap_s = straggler_min_gap_s
         self.global_batch_size = global_batch_size
@@ -364,42 +365,6 @@ class ThroughputCallback(keras.callbacks.Callback):
         self._writer.flush()
 
 
-def find_straggler(
-    medians: list[float], factor: float, min_gap_s: float = STRAGGLER_MIN_GAP_S
-) -> int | None:
-    """The worker slower than the others' median by more than `factor` and `min_gap_s`.
-
-    Flagged when its median exceeds the median of the others' by more than
-    `factor` and by at least `min_gap_s` seconds. The ratio is compared as
-    the summary line shows it, to two decimals, so a worker shown at exactly
-    ``1.20x`` is not flagged by a factor of 1.2. The gap keeps tiny medians
-    from flagging a worker: 5 ms against 2 ms is 2.5x, but 3 ms a step slows
-    no job down.
-
-    Args:
-        medians: every worker's median own-work seconds per step.
-        factor: how many times the others' median the slowest must exceed.
-        min_gap_s: how many seconds above the others' median it must also be.
-
-    Example:
-    ```python
-    from mirrorkit.throughput.callback import find_straggler
-
-    assert find_straggler([0.10, 0.11, 0.30], 1.2) == 2
-    assert find_straggler([0.10, 0.11], 1.2) is None
-    assert find_straggler([0.002, 0.005], 1.2) is None  # 2.5x, but only 3 ms
-    ```
-    """
-    slowest = int(np.argmax(medians))
-    others = [m for i, m in enumerate(medians) if i != slowest]
-    if not others:
-        return None
-    typical = float(np.median(others))
-    if round(medians[slowest] / typical, 2) > factor and medians[slowest] - typical >= min_gap_s:
-        return slowest
-    return None
-
-
 def _summary_line(figures: EpochThroughput, report: ThroughputReport) -> str:
     line = (
         f"epoch {figures.epoch}: {figures.examples_per_sec:,.1f} examples/s "
@@ -415,46 +380,16 @@ def _summary_line(figures: EpochThroughput, report: ThroughputReport) -> str:
             f"computing {figures.compute_share:.0%} of a step"
         )
         if figures.straggler is not None:
-            line += f"; STRAGGLER: {straggler_text(figures, report)}"
+            said = straggler_text(
+                figures.worker_compute_median_s,
+                figures.straggler,
+                report.straggler_factor,
+                report.straggler_min_gap_s,
+            )
+            line += f"; STRAGGLER: {said}"
     if figures.verdict:
         line += f"\n  {figures.verdict}"
     return line
-
-
-def _read_baseline(baseline: float | str | None) -> float | None:
-    """A single-replica examples/s figure from a number or a `mirrorkit bench` JSON file."""
-    if baseline is None or isinstance(baseline, (int, float)):
-        if baseline is not None and baseline <= 0:
-            raise ValueError(f"baseline must be a positive examples/s figure; got {baseline!r}")
-        return None if baseline is None else float(baseline)
-    if not isinstance(baseline, (str, os.PathLike)):
-        raise TypeError(
-            f"ThroughputCallback(baseline=...) takes single-replica examples/s as a number or the "
-            f"path of a `mirrorkit bench` JSON file; got {type(baseline).__name__}"
-        )
-    try:
-        with open(baseline) as f:
-            data: Any = json.load(f)
-    except FileNotFoundError:
-        raise FileNotFoundError(
-            f"ThroughputCallback(baseline={str(baseline)!r}): no such file (working directory "
-            f"{os.getcwd()}). Pass the JSON file `mirrorkit bench` wrote, or the single-replica "
-            "examples/s as a number (baseline=1234.5)."
-        ) from None
-    except ValueError as err:
-        raise ValueError(
-            f"ThroughputCallback(baseline={str(baseline)!r}) is not a JSON file ({err}); pass "
-            "the JSON file `mirrorkit bench` wrote, or the examples/s as a number"
-        ) from None
-    for row in data.get("results", []):
-        if row.get("replicas") == 1 and row.get("workers", 1) == 1:
-            return float(row["examples_per_sec_per_replica"])
-    if "examples_per_sec_per_replica" in data:
-        return float(data["examples_per_sec_per_replica"])
-    raise ValueError(
-        f"baseline file {baseline} has no single-replica result (a 'results' row with "
-        "replicas 1 and workers 1, as `mirrorkit bench --replicas 1,...` writes)"
-    )
 
 
 def _require_tensorboard() -> None:

@@ -7,9 +7,8 @@ import html
 import json
 from typing import Any
 
-import numpy as np
-
 from mirrorkit import tables
+from mirrorkit.throughput.stragglers import straggler_text
 
 #: Columns of the text and HTML tables: (key, heading, format).
 #: Verdicts that name a fix; every other epoch is summed up in one line.
@@ -172,7 +171,7 @@ class ThroughputReport:
         calm = [e for e in judged if e not in bound]
         lines = [f"epoch {e.epoch}: {e.verdict}" for e in bound]
         lines += [
-            f"epoch {e.epoch}: straggler: {straggler_text(e, self)}"
+            f"epoch {e.epoch}: straggler: {self._straggler(e)}"
             for e in self.epochs
             if e.straggler is not None and e.worker_compute_median_s
         ]
@@ -184,6 +183,14 @@ class ThroughputReport:
                 f"to fix; epoch {calm[-1].epoch}: {calm[-1].verdict}"
             )
         return lines
+
+    def _straggler(self, epoch: EpochThroughput) -> str:
+        return straggler_text(
+            epoch.worker_compute_median_s,
+            epoch.straggler,
+            self.straggler_factor,
+            self.straggler_min_gap_s,
+        )
 
     def _repr_html_(self) -> str:
         """The table, then the verdict lines (as `str` ends), for notebooks."""
@@ -235,20 +242,3 @@ class ThroughputReport:
         if path is not None:
             figure.savefig(path)
         return figure
-
-
-def straggler_text(figures: EpochThroughput, report: ThroughputReport) -> str:
-    """Names the straggler, its time against the others', and the rule that flagged it."""
-    medians = figures.worker_compute_median_s
-    worker = figures.straggler
-    others = float(np.median([m for i, m in enumerate(medians) if i != worker]))
-    text = (
-        f"worker {worker} works {medians[worker] * 1000:.1f} ms a step, the others "
-        f"{others * 1000:.1f} ms"
-    )
-    if report.straggler_factor is not None and report.straggler_min_gap_s is not None:
-        text += (
-            f" (flagged when over {report.straggler_factor:g}x and "
-            f"{report.straggler_min_gap_s * 1000:g} ms slower)"
-        )
-    return text

@@ -17,8 +17,9 @@ set it (one all-reduce of one number per worker, once an epoch) and all of
 them stop when one did, said once. The same happens after each
 ``on_train_batch_end`` only when some worker has a callback that could set the
 flag there (one that overrides a batch hook and is not one of Keras's logging
-or saving callbacks or mirrorkit's own); which is agreed once, in
-``on_train_begin``, so that every worker runs the same collectives.
+or saving callbacks, ``TerminateOnNaN`` on the default averaged step logs, or
+mirrorkit's own); which is agreed once, in ``on_train_begin``, so that every
+worker runs the same collectives.
 """
 
 from __future__ import annotations
@@ -29,6 +30,8 @@ import keras
 
 from mirrorkit import chief, workers
 from mirrorkit.compat._repair import Repair
+from mirrorkit.compat.multi_worker_reduce import LOCAL_STEP_LOGS
+from mirrorkit.compat.multi_worker_reduce import REPAIR as STEP_LOGS_REPAIR
 
 _UPSTREAM = "HybridBackend#88, estimator#49; Keras has no multi-worker stop"
 _BATCH_HOOKS = ("on_batch_begin", "on_batch_end", "on_train_batch_begin", "on_train_batch_end")
@@ -52,22 +55,28 @@ def multi_worker_strategy(model):
     return strategy if workers.num_workers(strategy) > 1 else None
 
 
-def may_stop_mid_epoch(callback: keras.callbacks.Callback) -> bool:
-    """Whether `callback` could set ``model.stop_training`` in a batch hook.
+def may_stop_mid_epoch(
+    callback: keras.callbacks.Callback, averaged_step_logs: bool = False
+) -> bool:
+    """Whether `callback` could set ``model.stop_training`` in a batch hook on one worker only.
 
     Args:
         callback: a Keras callback.
+        averaged_step_logs: whether the per-step logs are averaged over every
+            worker (the default of `mk.build`), so that ``TerminateOnNaN``,
+            which reads the step's loss, decides alike on every worker.
 
     Returns:
         False for Keras's logging and saving callbacks (exactly those classes),
-        mirrorkit's own callbacks (they keep the workers in step themselves)
-        and callbacks that leave every batch hook as `keras.callbacks.Callback`
-        has it; True otherwise.
+        ``TerminateOnNaN`` on averaged step logs, mirrorkit's own callbacks
+        (they keep the workers in step themselves) and callbacks that leave
+        every batch hook as `keras.callbacks.Callback` has it; True otherwise.
     """
     cls = type(callback)
     if cls.__module__.split(".")[0] == "mirrorkit":
         return False
-    if any(cls is getattr(keras.callbacks, name, None) for name in _NEVER_STOP):
+    never = _NEVER_STOP + (("TerminateOnNaN",) if averaged_step_logs else ())
+    if any(cls is getattr(keras.callbacks, name, None) for name in never):
         return False
     base = keras.callbacks.Callback
     return any(
@@ -101,7 +110,8 @@ def _on_train_begin(original):
         self._mirrorkit_batch_agreement = False
         strategy = multi_worker_strategy(self.model)
         if strategy is not None:
-            mine = any(may_stop_mid_epoch(callback) for callback in self.callbacks)
+            averaged = STEP_LOGS_REPAIR.active and not getattr(strategy, LOCAL_STEP_LOGS, False)
+            mine = any(may_stop_mid_epoch(callback, averaged) for callback in self.callbacks)
             self._mirrorkit_batch_agreement = bool(workers.gather(strategy, [float(mine)]).any())
 
     return on_train_begin

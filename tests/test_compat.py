@@ -181,6 +181,17 @@ def _train(strategy, **compile_kwargs):
     return train_small_model(strategy, "adam", 0.01, epochs=2, **compile_kwargs)
 
 
+@pytest.fixture(scope="module")
+def one_device_reference():
+    """`_train` on one device in float32: trained once for the tests that compare with it."""
+    policy = keras.mixed_precision.global_policy()
+    keras.mixed_precision.set_global_policy("float32")
+    try:
+        return _train(mk.strategy("one_device"))
+    finally:
+        keras.mixed_precision.set_global_policy(policy)
+
+
 def _assert_same_training(a, b, atol=1e-5):
     (weights_a, history_a), (weights_b, history_b) = a, b
     for wa, wb in zip(weights_a, weights_b, strict=True):
@@ -196,8 +207,8 @@ def test_steps_per_execution_fails_upstream(without_repairs):
         _train(strategy, steps_per_execution=4)
 
 
-def test_steps_per_execution_on_two_replicas_equals_one_device():
-    reference = _train(mk.strategy("one_device"))
+def test_steps_per_execution_on_two_replicas_equals_one_device(one_device_reference):
+    reference = one_device_reference
     _assert_same_training(_train(mk.strategy(cpu_replicas=2), steps_per_execution=4), reference)
     _assert_same_training(_train(mk.strategy(cpu_replicas=2), steps_per_execution=3), reference)
 
@@ -209,8 +220,8 @@ def test_jit_compile_fails_upstream(without_repairs):
         _train(strategy, jit_compile=True)
 
 
-def test_jit_compile_on_two_replicas_trains_and_says_so(capfd):
-    reference = _train(mk.strategy("one_device"))
+def test_jit_compile_on_two_replicas_trains_and_says_so(one_device_reference, capfd):
+    reference = one_device_reference
     _assert_same_training(_train(mk.strategy(cpu_replicas=2), jit_compile=True), reference)
     assert "XLA cannot compile a step that spans" in capfd.readouterr().err
 
@@ -229,12 +240,14 @@ def test_mixed_precision_with_jit_fails_upstream(without_repairs, mixed_float16)
         _train(strategy, jit_compile=True)
 
 
-def test_mixed_precision_with_jit_and_steps_per_execution_trains(mixed_float16):
+def test_mixed_precision_with_jit_and_steps_per_execution_trains(
+    one_device_reference, mixed_float16
+):
     strategy = mk.strategy(cpu_replicas=2)
     weights, history = _train(strategy, jit_compile=True, steps_per_execution=2)
     assert np.isfinite(history["loss"]).all() and len(history["loss"]) == 2
     # Same run with float32 math off XLA: mixed precision changes numbers only a little.
     keras.mixed_precision.set_global_policy("float32")
-    reference_weights, _ = _train(mk.strategy("one_device"))
+    reference_weights, _ = one_device_reference
     for w, ref in zip(weights, reference_weights, strict=True):
         np.testing.assert_allclose(w, ref, atol=5e-2)

@@ -15,7 +15,7 @@ import signal
 import sys
 import tempfile
 
-from mirrorkit.faults import preemption, progress, restart
+from mirrorkit.faults import progress, restart
 from mirrorkit.faults.restart import ENV as RESTART_ENV
 from mirrorkit.launcher import cluster_spec, hosts, local_job, processes
 from mirrorkit.watchdog import ENV as HANG_ENV
@@ -178,6 +178,7 @@ def _forward_sigterm() -> None:
     all workers and exits with `preemption.EXIT_STATUS`; a worker still running after
     the grace period (or at a second SIGTERM) is stopped with the rest.
     """
+    from mirrorkit.faults import preemption  # imports Keras: only once workers start
 
     def on_sigterm(signum, frame):
         if signal.getitimer(signal.ITIMER_REAL)[0]:  # a second SIGTERM: stop now
@@ -227,6 +228,8 @@ def run(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
+    from mirrorkit.faults import preemption  # imports Keras: not for --help or a bad flag
+
     target = ["-m", args.target] if args.module else [args.target]
     ranks = job.local_ranks
     local_job.say(

@@ -26,3 +26,27 @@ def test_info_text_says_outside_the_tested_range(monkeypatch):
     (line,) = [x for x in info.format_text(facts).splitlines() if x.startswith("tested range")]
     assert "TensorFlow 2.16.1, Keras 3.8.0: OUTSIDE the tested range" in line
     assert versions.tested_range() in line
+
+
+# What `mirrorkit info` says of a TF_CONFIG (it only reads it and plans: no strategy is made).
+
+
+def test_info_explains_a_multi_worker_choice(mirrorkit_command, capsys, monkeypatch):
+    tf_config = {
+        "cluster": {"worker": ["127.0.0.1:5000", "127.0.0.1:5001"]},
+        "task": {"type": "worker", "index": 1},
+    }
+    monkeypatch.setenv("TF_CONFIG", json.dumps(tf_config))
+    code = mirrorkit_command("info")
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    assert "MultiWorkerMirroredStrategy, because TF_CONFIG names 2 training tasks" in out
+    assert "this is worker 1" in out
+
+
+def test_info_reports_a_malformed_tf_config(mirrorkit_command, capsys, monkeypatch):
+    monkeypatch.setenv("TF_CONFIG", '{"cluster": {"worker": ["nohost"]}}')
+    code = mirrorkit_command("info")
+    out, _ = capsys.readouterr()
+    assert code == 1
+    assert "cluster.worker[0]" in out

@@ -1,11 +1,12 @@
 """Rescale by restart: a job preempted on 4 replicas resumes on 2 with the same result.
 
-The preemption checkpoint (`mk.PreemptionCheckpoint`) carries the step count
-and the global batch, not the replica count, and `mk.distribute` cuts the same
-global batches whatever the replica count, so a run SIGTERMed in the middle of
-epoch 2 on 4 CPU replicas and resumed on 2 ends where an uninterrupted run
-ends. Runs in the pytest process (4 logical CPUs): TensorFlow's own
-`PreemptionCheckpointHandler` catches the SIGTERM.
+The preemption checkpoint (`mk.PreemptionCheckpoint`) carries the step count,
+the global batch and the shuffle seed, not the replica count, and
+`mk.distribute` cuts the same global batches whatever the replica count, in a
+shuffled order drawn from (seed, epoch), so a shuffled run SIGTERMed in the
+middle of epoch 2 on 4 CPU replicas and resumed on 2 ends where an
+uninterrupted run ends. Runs in the pytest process (4 logical CPUs):
+TensorFlow's own `PreemptionCheckpointHandler` catches the SIGTERM.
 """
 
 from __future__ import annotations
@@ -39,10 +40,14 @@ class _TermAt(keras.callbacks.Callback):
             os.kill(os.getpid(), signal.SIGTERM)
 
 
-def _train(replicas, callbacks, global_batch=GLOBAL_BATCH):
+def _train(replicas, callbacks, global_batch=GLOBAL_BATCH, shuffle=False, seed=None, seen=None):
     strategy = mk.strategy(cpu_replicas=replicas)
     model = mk.build(lambda: make_model("sgd", 0.1), strategy)
-    data = mk.distribute(make_data(), strategy, global_batch_size=global_batch, shuffle=False)
+    data = mk.distribute(
+        make_data(), strategy, global_batch_size=global_batch, shuffle=shuffle, seed=seed
+    )
+    if seen is not None:
+        seen.append(data)
     model.fit(data, epochs=EPOCHS, verbose=0, callbacks=[c(data) for c in callbacks])
     return np.concatenate([w.ravel() for w in model.get_weights()])
 
@@ -73,6 +78,35 @@ def test_preempted_on_4_replicas_resumes_on_2_equal_to_uninterrupted(
     reference = _train(2, [])
     np.testing.assert_allclose(resumed, reference, rtol=0, atol=1e-5)
     assert np.abs(resumed - _train(2, [], global_batch=16)).max() > 1e-3  # a different run differs
+
+
+@pytest.mark.slow
+def test_shuffled_run_preempted_on_4_replicas_resumes_on_2_in_its_orders(
+    tmp_path, capsys, sigterm_handler_restored
+):
+    ckpt, seen = str(tmp_path / "preempt"), []
+    with pytest.raises(SystemExit) as stopped:  # seed=None: drawn, and carried in the checkpoint
+        _train(
+            4,
+            [lambda d: mk.PreemptionCheckpoint(ckpt, d), lambda d: _TermAt(1, 1)],
+            shuffle=True,
+            seen=seen,
+        )
+    assert stopped.value.code == EXIT_STATUS
+    seed = int(seen[0].epoch_order.seed.numpy())
+    capsys.readouterr()
+    resumed = _train(2, [lambda d: mk.PreemptionCheckpoint(ckpt, d)], shuffle=True, seed=seed + 1)
+    said = capsys.readouterr()
+    assert "resuming from the preemption checkpoint at epoch 2 step 3" in said.out, said
+    assert f"resuming with the checkpoint's shuffle seed {seed} (this run's was {seed + 1})" in (
+        said.err + said.out
+    )
+    # the uninterrupted run: the same script, the same callback, never preempted
+    other = str(tmp_path / "other")
+    reference = _train(2, [lambda d: mk.PreemptionCheckpoint(other, d)], shuffle=True, seed=seed)
+    np.testing.assert_allclose(resumed, reference, rtol=0, atol=1e-5)
+    in_order = _train(2, [lambda d: mk.PreemptionCheckpoint(other, d)], shuffle=False)
+    assert np.abs(resumed - in_order).max() > 1e-3  # the shuffled orders changed the result
 
 
 @pytest.mark.slow

@@ -18,11 +18,16 @@ In a multi-worker job only the chief writes the backup (`mirrorkit.compat`'s
 chief-only repair) and every worker restores it, so the directory must be on
 storage every worker sees. What Keras does not close: a worker killed in the
 moment between writing the weights and writing the small metadata file
-(``training_metadata.json``) leaves the new weights with the old epoch. And a
-resumed run ends equal to an uninterrupted one only for input whose order does
-not depend on how often it was iterated (``mk.distribute(..., shuffle=False)``):
-a shuffled dataset draws a new order for each iterator Keras makes (two an
-epoch in Keras 3.15), so the resumed epochs see the first orders again.
+(``training_metadata.json``) leaves the new weights with the old epoch.
+
+Shuffled input: `mk.distribute` shuffles in-memory arrays in an order drawn
+from (seed, epoch) (`mirrorkit.pipeline.epoch_order`), and this callback sets
+Keras's epoch on it at each ``on_epoch_begin``, so a resumed run sees the
+uninterrupted run's orders, as long as the seed is the same: the backup does
+not hold it, so a drawn seed (``seed=None``) is said on resume (pass
+``seed=`` to `mk.distribute`). A shuffled stream (a tf.data pipeline, tfds
+files) draws new orders on resume: said once; ``shuffle=False`` keeps its
+order.
 """
 
 from __future__ import annotations
@@ -33,6 +38,7 @@ import keras
 
 from mirrorkit import chief
 from mirrorkit.faults import progress
+from mirrorkit.pipeline import epoch_order
 
 
 def resumable(backup_dir: str) -> keras.callbacks.BackupAndRestore:
@@ -66,10 +72,41 @@ def resumable(backup_dir: str) -> keras.callbacks.BackupAndRestore:
     callback = keras.callbacks.BackupAndRestore(
         str(backup_dir), save_freq="epoch", double_checkpoint=True
     )
+    _replay_orders(callback)
     path = os.environ.get(progress.ENV)
     if path and chief.is_chief():
         _record_progress(callback, path)
     return callback
+
+
+def _replay_orders(callback: keras.callbacks.BackupAndRestore) -> None:
+    """Makes `callback` set Keras's epoch on the shuffled orders; says what a resume can't replay.
+
+    The orders are those of every live shuffled in-memory `mk.distribute`
+    dataset (the callback is not given the dataset); the hooks are added on
+    this instance (its class is unchanged).
+    """
+    restore = callback.on_train_begin
+    begin = callback.on_epoch_begin
+
+    def on_train_begin(logs=None):
+        restore(logs)
+        if getattr(callback.model, "_initial_epoch", None):  # resumed from a backup
+            epoch_order.say_if_not_replayed()
+            if any(order.seed_drawn for order in epoch_order.orders()):
+                chief.say_once(
+                    "resume-drawn-seed",
+                    "resuming a shuffled input whose seed was drawn (seed=None): the backup "
+                    "does not hold it, so the resumed epochs see other orders than an "
+                    "uninterrupted run; pass seed= to mk.distribute to replay them",
+                )
+
+    def on_epoch_begin(epoch, logs=None):
+        begin(epoch, logs)
+        epoch_order.begin_epoch(epoch)
+
+    callback.on_train_begin = on_train_begin
+    callback.on_epoch_begin = on_epoch_begin
 
 
 def _record_progress(callback: keras.callbacks.BackupAndRestore, path: str) -> None:
@@ -88,7 +125,10 @@ def _record_progress(callback: keras.callbacks.BackupAndRestore, path: str) -> N
         state["epoch"] = getattr(callback.model, "_initial_epoch", None) or 0
         state["recorder"].at(state["epoch"], 0)
 
+    begin = callback.on_epoch_begin
+
     def on_epoch_begin(epoch, logs=None):
+        begin(epoch, logs)
         state["epoch"] = epoch
         state["recorder"].at(epoch, 0)
 

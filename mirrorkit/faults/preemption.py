@@ -24,8 +24,12 @@ callback adds what Keras's ``fit`` needs from it:
 The checkpoint is TensorFlow's (``tf.train.Checkpoint`` of the model and its
 optimizer); the chief keeps it in ``checkpoint_dir`` (storage every worker
 sees) and deletes it when ``fit`` completes. Resuming at a step needs an input
-that gives the same batches each run: ``mk.distribute(..., shuffle=False)`` or
-data whose order does not depend on how often it was iterated.
+that gives the same batches each run: ``mk.distribute`` shuffles in-memory
+arrays in an order drawn from (seed, epoch) (`mirrorkit.pipeline.epoch_order`),
+which this callback sets at each epoch and carries in the checkpoint with the
+seed (a drawn seed included), so a shuffled epoch resumes in its order. A
+shuffled stream (a tf.data pipeline, tfds files) draws new orders: said once on
+resume; ``shuffle=False`` keeps its order.
 """
 
 from __future__ import annotations
@@ -39,6 +43,7 @@ import keras
 import tensorflow as tf
 
 from mirrorkit import chief, internals, workers
+from mirrorkit.pipeline import epoch_order
 
 #: Exit status of a worker that saved its checkpoint on SIGTERM (TensorFlow's own choice
 #: for multi-worker jobs outside Google's platforms, kept).
@@ -132,6 +137,7 @@ class PreemptionCheckpoint(keras.callbacks.Callback):
             )
         self.checkpoint_dir = str(checkpoint_dir)
         self.global_batch_size = size
+        self._data = None if isinstance(global_batch_size, int) else global_batch_size
         self.new_global_batch = bool(new_global_batch)
         self._handler = None
         self._skip = 0
@@ -158,12 +164,18 @@ class PreemptionCheckpoint(keras.callbacks.Callback):
         self._epoch = tf.Variable(0, dtype=tf.int64, trainable=False)
         self._step = tf.Variable(0, dtype=tf.int64, trainable=False)
         self._batch = tf.Variable(0, dtype=tf.int64, trainable=False)
+        self._orders = epoch_order.orders(self._data)
+        # the seed is carried only for the dataset given (a drawn seed is then replayed)
+        carried = self._orders[0] if self._data is not None and self._orders else None
+        shuffle = {} if carried is None else {"mirrorkit_shuffle_seed": carried.seed}
+        seed = None if carried is None else int(carried.seed.numpy())
         checkpoint = tf.train.Checkpoint(
             model=model,
             optimizer=model.optimizer,
             mirrorkit_epoch=self._epoch,
             mirrorkit_step=self._step,
             mirrorkit_global_batch=self._batch,
+            **shuffle,
         )
         config = tf.distribute.experimental.TerminationConfig(exit_fn=self._exit)
         self._handler = tf.distribute.experimental.PreemptionCheckpointHandler(
@@ -177,6 +189,13 @@ class PreemptionCheckpoint(keras.callbacks.Callback):
             self._batch.assign(self.global_batch_size)
             return
         epoch, step = int(self._epoch.numpy()), int(self._step.numpy())
+        epoch_order.say_if_not_replayed(self._data)
+        if carried is not None and int(carried.seed.numpy()) != seed:
+            chief.say_once(
+                "preempt-shuffle-seed",
+                f"resuming with the checkpoint's shuffle seed {int(carried.seed.numpy())} "
+                f"(this run's was {seed}), so the epochs keep their uninterrupted orders",
+            )
         if saved_batch != self.global_batch_size:
             if not self.new_global_batch:
                 raise ValueError(
@@ -214,6 +233,8 @@ class PreemptionCheckpoint(keras.callbacks.Callback):
     def on_epoch_begin(self, epoch, logs=None):
         """Notes the epoch; in the resumed epoch, drops the batches already trained."""
         self._epoch.assign(epoch)
+        for order in self._orders:  # the shuffled order of this epoch, on every run
+            order.begin(epoch)
         if epoch == self._resume_epoch and self._skip:
             self._skip_steps(self._skip)
 

@@ -15,7 +15,7 @@ from collections.abc import Callable
 import tensorflow as tf
 
 from mirrorkit import chief
-from mirrorkit.pipeline import batch_sizes, batched, sources, tfds_source
+from mirrorkit.pipeline import batch_sizes, batched, epoch_order, sources, tfds_source
 from mirrorkit.pipeline.options import SHARD_POLICIES, Options
 
 #: Fewest examples in the shuffle buffer of a streamed (not in-memory) source.
@@ -62,10 +62,13 @@ def global_pipeline(
             "for_eval=True for evaluation data."
         )
     dataset = source.dataset
+    order = None
     if source.read is not None and options.preprocess is None and not options.cache:
-        # In-memory arrays: shuffle and batch indices, then gather whole batches.
+        # In-memory arrays: shuffle and batch indices, then gather whole batches. The order
+        # of an epoch is drawn from (seed, epoch), so a resumed run replays it.
         if options.shuffle:
-            dataset = dataset.shuffle(count, seed=seed, reshuffle_each_iteration=True)
+            order = epoch_order.EpochOrder(count, seed)
+            dataset = order.indices()
         dataset = dataset.batch(size, drop_remainder=options.drop)
         dataset = dataset.map(source.read, num_parallel_calls=tf.data.AUTOTUNE)
     else:
@@ -98,6 +101,9 @@ def global_pipeline(
         dropped = count - steps * size if options.drop else 0
     if options.drop:
         say_dropped(dropped, count, size)
+    distributed.epoch_order = order
+    if options.shuffle and order is None:
+        epoch_order.mark_stream(distributed)
     return describe(distributed, sizes, count, steps, dropped)
 
 
@@ -158,6 +164,9 @@ def per_worker_tfds(
         return dataset.prefetch(tf.data.AUTOTUNE) if options.prefetch else dataset
 
     distributed = strategy.distribute_datasets_from_function(worker_pipeline)
+    distributed.epoch_order = None
+    if options.shuffle:
+        epoch_order.mark_stream(distributed)
     return describe(distributed, sizes, split.num_examples, steps, dropped)
 
 

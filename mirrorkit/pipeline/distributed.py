@@ -165,6 +165,8 @@ def distribute(
             "split=. (A keras.utils.PyDataset goes to fit() directly.)" + _hint(data)
         )
     made = assemble.global_pipeline(source, strategy, sizes, options, seed, workers)
+    if made.epoch_order is not None:
+        made.epoch_order.seed_drawn = announce
     return _say_seed(made, seed, announce)
 
 

@@ -1,0 +1,137 @@
+"""The shuffled order of in-memory arrays as a function of (seed, epoch), so a resume replays it.
+
+`mk.distribute` shuffles in-memory arrays by their indices. With TensorFlow's
+``Dataset.shuffle(reshuffle_each_iteration=True)`` each order is drawn when an
+iterator is made, so it depends on how many iterators Keras made before (one
+at the start of ``fit`` and two an epoch in Keras 3.15), and a resumed run saw
+the first orders again. Here the order of an epoch is
+``stateless_shuffle(range(count), seed=[seed, epoch])``: the same on every
+worker and replica (they share the seed), a fresh random order each epoch.
+
+The epoch is a small host variable read when an iterator gives its first
+element (not when Keras makes the iterator; it makes some it never reads),
+which then counts on by one, so iterating the dataset by hand still gives a
+new order each time. `mk.resumable` and `mk.PreemptionCheckpoint` set it to
+Keras's epoch at each ``on_epoch_begin`` (`begin_epoch`), so with either
+callback epoch ``e`` always reads the order ``e``, in an uninterrupted run and
+in a resumed one alike. `mk.PreemptionCheckpoint` also carries the seed, so a
+drawn seed (``seed=None``) is replayed on resume.
+
+Streamed sources (a tf.data pipeline, tfds files, or arrays with ``cache=`` or
+``preprocess=``) keep TensorFlow's buffer shuffle, whose orders are not
+replayed on resume; `say_if_not_replayed` says so once.
+"""
+
+from __future__ import annotations
+
+import weakref
+from typing import Any
+
+import tensorflow as tf
+
+from mirrorkit import chief
+
+#: Every live in-memory shuffled order, and every live shuffled stream (a marker object).
+_ORDERS: weakref.WeakSet = weakref.WeakSet()
+_STREAMS: weakref.WeakSet = weakref.WeakSet()
+
+
+class EpochOrder:
+    """The shuffled indices of an in-memory epoch, drawn from (seed, epoch).
+
+    Args:
+        count: how many examples (indices ``0 .. count - 1``).
+        seed: the shuffle seed every worker shares.
+        seed_drawn: whether mirrorkit drew the seed (``seed=None``).
+
+    Example:
+    ```python
+    from mirrorkit.pipeline.epoch_order import EpochOrder
+
+    order = EpochOrder(10, seed=3)
+    first = list(order.indices())  # epoch 0
+    order.begin(0)
+    assert list(order.indices()) == first  # epoch 0 again: the same order
+    assert list(order.indices()) != first  # epoch 1: another
+    ```
+    """
+
+    def __init__(self, count: int, seed: int, seed_drawn: bool = False):
+        with tf.init_scope(), tf.device("/cpu:0"):
+            self.seed = tf.Variable(int(seed), dtype=tf.int64, trainable=False)
+            self.epoch = tf.Variable(0, dtype=tf.int64, trainable=False)
+        self.count = int(count)
+        self.seed_drawn = bool(seed_drawn)
+        _ORDERS.add(self)
+
+    def begin(self, epoch: int) -> None:
+        """The next iterator to give an element reads epoch `epoch`'s order."""
+        self.epoch.assign(int(epoch))
+
+    def indices(self) -> tf.data.Dataset:
+        """The indices of one epoch, in the order of the epoch read at the first element."""
+        count = self.count
+
+        def take_epoch(_):
+            return self.epoch.assign_add(1, read_value=True) - 1
+
+        def order(epoch):
+            seed = tf.stack([self.seed.read_value(), epoch])
+            shuffled = tf.random.experimental.stateless_shuffle(
+                tf.range(count, dtype=tf.int64), seed=seed
+            )
+            return tf.data.Dataset.from_tensor_slices(shuffled)
+
+        dataset = tf.data.Dataset.from_tensors(tf.constant(0, tf.int64)).map(take_epoch)
+        dataset = dataset.flat_map(order)
+        return dataset.apply(tf.data.experimental.assert_cardinality(count))
+
+
+class Stream:
+    """Marks a shuffled streamed dataset (its orders are not replayed on resume)."""
+
+
+def mark_stream(distributed: Any) -> None:
+    """Records that `distributed` is a shuffled stream (`say_if_not_replayed`)."""
+    marker = Stream()
+    distributed.shuffle_stream = marker
+    _STREAMS.add(marker)
+
+
+def _orders(data: Any) -> list[EpochOrder]:
+    if data is not None:
+        order = getattr(data, "epoch_order", None)
+        return [order] if order is not None else []
+    return list(_ORDERS)
+
+
+def begin_epoch(epoch: int, data: Any = None) -> None:
+    """Sets Keras's `epoch` on `data`'s order, or (no `data`) on every live shuffled array input.
+
+    Args:
+        epoch: the epoch Keras is beginning (0-based).
+        data: the dataset `mk.distribute` returned, if known.
+    """
+    for order in _orders(data):
+        order.begin(epoch)
+
+
+def orders(data: Any = None) -> list[EpochOrder]:
+    """`data`'s epoch order (a list of one, or none), or every live one when `data` is None."""
+    return _orders(data)
+
+
+def say_if_not_replayed(data: Any = None) -> None:
+    """On a resume: says once if a shuffled input will not see its uninterrupted orders."""
+    if data is None:
+        streamed = bool(list(_STREAMS))
+    else:
+        streamed = getattr(data, "shuffle_stream", None) is not None
+    if streamed:
+        chief.say_once(
+            "resume-shuffled-stream",
+            "resuming a shuffled streamed input (a tf.data pipeline, tfds files, or arrays with "
+            "cache= or preprocess=): its buffer shuffle draws new orders, so the resumed epochs "
+            "see other orders than an uninterrupted run (in-memory arrays replay theirs; "
+            "shuffle=False keeps any input's order)",
+        )

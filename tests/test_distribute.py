@@ -69,6 +69,21 @@ def test_shuffle_is_seeded_and_changes_every_epoch():
     assert [i for r in first[0][0] for i in r] != list(range(GLOBAL_BATCH))  # shuffled at all
 
 
+def test_shuffled_order_is_one_of_seed_and_epoch_not_of_the_iterators_made():
+    strategy = _strategy(2)
+    data = mk.distribute(_tagged(), strategy, global_batch_size=GLOBAL_BATCH, seed=5)
+    first = _ids_by_replica(strategy, data)
+    unread = [iter(data) for _ in range(3)]  # made and never read (Keras makes such)
+    second = _ids_by_replica(strategy, data)
+    assert first != second and unread
+    again = mk.distribute(_tagged(), strategy, global_batch_size=GLOBAL_BATCH, seed=5)
+    again.epoch_order.begin(1)  # a resumed run: mk.resumable sets the epoch Keras begins
+    assert _ids_by_replica(strategy, again) == second
+    again.epoch_order.begin(0)
+    assert _ids_by_replica(strategy, again) == first
+    assert _ids_by_replica(strategy, again) == second  # and counts on by itself
+
+
 def test_seed_is_drawn_and_said_when_not_given(capfd):
     strategy = _strategy(2)
     mk.distribute(_tagged(), strategy, global_batch_size=GLOBAL_BATCH)

@@ -52,6 +52,14 @@ def _train(replicas, callbacks, global_batch=GLOBAL_BATCH, shuffle=False, seed=N
     return np.concatenate([w.ravel() for w in model.get_weights()])
 
 
+class _FailAt(_TermAt):
+    """Raises at the start of (epoch, batch): a crash the next run resumes from the backup."""
+
+    def on_train_batch_begin(self, batch, logs=None):
+        if (self.epoch, batch) == self.at:
+            raise RuntimeError("failed here on purpose")
+
+
 @pytest.fixture
 def sigterm_handler_restored():
     before = signal.getsignal(signal.SIGTERM)
@@ -121,3 +129,19 @@ def test_a_different_global_batch_on_resume_is_refused_unless_asked(
     _train(2, [lambda d: mk.PreemptionCheckpoint(ckpt, d, new_global_batch=True)], global_batch=16)
     said = capsys.readouterr()
     assert "resuming a checkpoint of global batch 32 with global batch 16" in said.err + said.out
+
+
+@pytest.mark.slow
+def test_shuffled_run_with_resumable_resumes_from_its_backup_in_its_orders(tmp_path):
+    backup = str(tmp_path / "backup")
+    with pytest.raises(RuntimeError, match="on purpose"):  # in epoch 3, after 2 epoch backups
+        _train(4, [lambda d: mk.resumable(backup), lambda d: _FailAt(2, 1)], shuffle=True, seed=3)
+    # _FailAt(0, 0) raises unless this run resumes from the backup (at epoch 3)
+    resumed = _train(
+        2, [lambda d: mk.resumable(backup), lambda d: _FailAt(0, 0)], shuffle=True, seed=3
+    )
+    # the uninterrupted run: the same script, the same callback, never failed
+    reference = _train(2, [lambda d: mk.resumable(str(tmp_path / "other"))], shuffle=True, seed=3)
+    np.testing.assert_allclose(resumed, reference, rtol=0, atol=1e-5)
+    in_order = _train(2, [lambda d: mk.resumable(str(tmp_path / "third"))], shuffle=False)
+    assert np.abs(resumed - in_order).max() > 1e-3  # the shuffled orders changed the result

@@ -271,7 +271,9 @@ def check(smoke: bool, parts=PARTS) -> dict:
             "--replicas",
             "1",
             "--workers",
-            "2",
+            # Smoke: the throughput sweep's 1-worker path only (the 2-worker one is what
+            # tests/test_bench_raw.py runs); --allreduce still starts its 2 workers.
+            "1" if smoke else "2",
         ]
         bench += [
             "--steps",

@@ -7,7 +7,9 @@ in a Keras callback) agree on the next step boundary, save there, and exit
 with status 42, and so does the launcher. The next launch, on ONE worker (a
 rescale: the checkpoint carries the step count and the global batch, not the
 worker count), resumes at that epoch and step and ends with the weights of an
-uninterrupted run (computed in the pytest process on 2 CPU replicas).
+uninterrupted run (computed in the pytest process on 2 CPU replicas). The input
+is shuffled with a drawn seed: the checkpoint carries the seed and the epoch,
+so the resumed epochs see the orders of the uninterrupted run.
 """
 
 from __future__ import annotations
@@ -38,7 +40,7 @@ _SCRIPT = """
     strategy = mk.strategy()
     rank = mk.describe(strategy).worker_index
     model = mk.build(lambda: make_model("sgd", 0.1), strategy)
-    data = mk.distribute(make_data(), strategy, global_batch_size=GLOBAL_BATCH, shuffle=False)
+    data = mk.distribute(make_data(), strategy, global_batch_size=GLOBAL_BATCH)  # shuffled
 
     class Events(keras.callbacks.Callback):
         def on_epoch_begin(self, epoch, logs=None):
@@ -71,14 +73,15 @@ def _env():
     return env
 
 
-def _uninterrupted():
+def _uninterrupted(seed, checkpoint_dir):
+    """The same training, never preempted: the same callback, the first launch's seed."""
     import mirrorkit as mk
     from tests._training import GLOBAL_BATCH, make_data, make_model
 
     strategy = mk.strategy(cpu_replicas=2)
     model = mk.build(lambda: make_model("sgd", 0.1), strategy)
-    data = mk.distribute(make_data(), strategy, global_batch_size=GLOBAL_BATCH, shuffle=False)
-    model.fit(data, epochs=4, verbose=0)
+    data = mk.distribute(make_data(), strategy, global_batch_size=GLOBAL_BATCH, seed=seed)
+    model.fit(data, epochs=4, verbose=0, callbacks=[mk.PreemptionCheckpoint(checkpoint_dir, data)])
     return np.concatenate([w.ravel() for w in model.get_weights()])
 
 
@@ -110,6 +113,7 @@ def test_sigterm_saves_at_one_step_and_the_next_launch_on_one_worker_resumes(tmp
     )
     assert len(saved) == 1, log[-4000:]  # said once, by the chief
     epoch, step = saved[0][1:]
+    seed = int(re.search(r"shuffling with seed (\d+)", log).group(1))
     assert "SIGTERM: sent to 2 worker(s); waiting up to 30 s" in log
     assert re.search(r"worker \d was preempted \(SIGTERM\): every worker saved", log), log[-4000:]
     assert "RAN epoch 4" not in log, "the SIGTERM came too late to test anything"
@@ -121,4 +125,6 @@ def test_sigterm_saves_at_one_step_and_the_next_launch_on_one_worker_resumes(tmp
     assert resumed.returncode == 0, log[-4000:]
     assert f"resuming from the preemption checkpoint at epoch {epoch} step {step}" in log, log
     assert f"RAN epoch {int(epoch) - 1} worker" not in log or epoch == "1"
-    np.testing.assert_allclose(np.load(tmp_path / "final.npy"), _uninterrupted(), atol=1e-5)
+    assert f"resuming with the checkpoint's shuffle seed {seed}" in log, log[-4000:]
+    reference = _uninterrupted(seed, str(tmp_path / "reference"))
+    np.testing.assert_allclose(np.load(tmp_path / "final.npy"), reference, atol=1e-5)

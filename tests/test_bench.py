@@ -20,7 +20,7 @@ def _bench(*args, timeout=600):
 @pytest.mark.slow
 def test_bench_mlp_on_one_and_two_replicas_writes_json(tmp_path):
     done = _bench(
-        "--model", "mlp", "--replicas", "1,2", "--steps", "20", "--repeats", "2", "--rounds", "2",
+        "--model", "mlp", "--replicas", "1,2", "--steps", "5", "--repeats", "2", "--rounds", "2",
         "--out", str(tmp_path),
     )  # fmt: skip
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]

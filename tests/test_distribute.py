@@ -76,7 +76,9 @@ def test_shuffled_order_is_one_of_seed_and_epoch_not_of_the_iterators_made():
     unread = [iter(data) for _ in range(3)]  # made and never read (Keras makes such)
     second = _ids_by_replica(strategy, data)
     assert first != second and unread
-    again = mk.distribute(_tagged(), strategy, global_batch_size=GLOBAL_BATCH, seed=5)
+    with strategy.scope():  # the epoch is a host variable even in a scope, not a mirrored one
+        again = mk.distribute(_tagged(), strategy, global_batch_size=GLOBAL_BATCH, seed=5)
+    assert not isinstance(again.epoch_order.epoch, tf.distribute.DistributedValues)
     again.epoch_order.begin(1)  # a resumed run: mk.resumable sets the epoch Keras begins
     assert _ids_by_replica(strategy, again) == second
     again.epoch_order.begin(0)

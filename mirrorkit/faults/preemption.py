@@ -114,7 +114,7 @@ class PreemptionCheckpoint(keras.callbacks.Callback):
     ```python
     import mirrorkit as mk
 
-    data = mk.distribute((x, y), strategy, global_batch_size=256, shuffle=False)
+    data = mk.distribute((x, y), strategy, global_batch_size=256)  # shuffled: resumes in order
     model.fit(data, epochs=10, callbacks=[mk.PreemptionCheckpoint("/shared/run1/preempt", data)])
     # SIGTERM to any worker: every worker saves at the same step, exits 42; run it again
     ```

@@ -24,6 +24,7 @@ replayed on resume; `say_if_not_replayed` says so once.
 
 from __future__ import annotations
 
+import threading
 import weakref
 from typing import Any
 
@@ -49,17 +50,15 @@ class EpochOrder:
     from mirrorkit.pipeline.epoch_order import EpochOrder
 
     order = EpochOrder(10, seed=3)
-    first = list(order.indices())  # epoch 0
+    first = list(order.indices().as_numpy_iterator())  # epoch 0
     order.begin(0)
-    assert list(order.indices()) == first  # epoch 0 again: the same order
-    assert list(order.indices()) != first  # epoch 1: another
+    assert list(order.indices().as_numpy_iterator()) == first  # epoch 0 again: the same
+    assert list(order.indices().as_numpy_iterator()) != first  # epoch 1: another
     ```
     """
 
     def __init__(self, count: int, seed: int, seed_drawn: bool = False):
-        with tf.init_scope(), tf.device("/cpu:0"):
-            self.seed = tf.Variable(int(seed), dtype=tf.int64, trainable=False)
-            self.epoch = tf.Variable(0, dtype=tf.int64, trainable=False)
+        self.seed, self.epoch = _host_variables(int(seed), 0)
         self.count = int(count)
         self.seed_drawn = bool(seed_drawn)
         _ORDERS.add(self)
@@ -85,6 +84,34 @@ class EpochOrder:
         dataset = tf.data.Dataset.from_tensors(tf.constant(0, tf.int64)).map(take_epoch)
         dataset = dataset.flat_map(order)
         return dataset.apply(tf.data.experimental.assert_cardinality(count))
+
+
+def _host_variables(*values: int) -> list[tf.Variable]:
+    """Plain int64 variables on the host CPU, never a strategy's (even inside its scope).
+
+    A strategy's scope is thread-local: a variable made in a scope would be a
+    MirroredVariable with a copy on each replica's device (a GPU), which the
+    tf.data host code could not read; a short thread outside it makes plain ones.
+    """
+
+    def make():
+        try:
+            with tf.init_scope(), tf.device("/cpu:0"):
+                made.extend(tf.Variable(v, dtype=tf.int64, trainable=False) for v in values)
+        except Exception as error:  # raised again in the caller's thread
+            failed.append(error)
+
+    made: list[tf.Variable] = []
+    failed: list[Exception] = []
+    if not tf.distribute.has_strategy():
+        make()
+    else:
+        thread = threading.Thread(target=make, name="mirrorkit-epoch-order")
+        thread.start()
+        thread.join()
+    if failed:
+        raise failed[0]
+    return made
 
 
 class Stream:

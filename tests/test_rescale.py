@@ -145,3 +145,37 @@ def test_shuffled_run_with_resumable_resumes_from_its_backup_in_its_orders(tmp_p
     np.testing.assert_allclose(resumed, reference, rtol=0, atol=1e-5)
     in_order = _train(2, [lambda d: mk.resumable(str(tmp_path / "third"))], shuffle=False)
     assert np.abs(resumed - in_order).max() > 1e-3  # the shuffled orders changed the result
+
+
+def test_a_shuffled_stream_says_on_resume_that_its_orders_are_not_replayed(monkeypatch, capfd):
+    import tensorflow as tf
+
+    from mirrorkit import chief
+    from mirrorkit.pipeline import epoch_order
+
+    monkeypatch.setattr(chief, "_said", set())
+    strategy = mk.strategy(cpu_replicas=2)
+    arrays = mk.distribute(make_data(), strategy, global_batch_size=GLOBAL_BATCH, seed=1)
+    stream = tf.data.Dataset.from_tensor_slices(make_data())
+    stream = mk.distribute(stream, strategy, global_batch_size=GLOBAL_BATCH, seed=1)
+    assert arrays.epoch_order is not None and stream.epoch_order is None
+    capfd.readouterr()
+    epoch_order.say_if_not_replayed(arrays)
+    assert "resuming a shuffled streamed input" not in capfd.readouterr().err
+    epoch_order.say_if_not_replayed(stream)
+    assert "resuming a shuffled streamed input" in capfd.readouterr().err
+
+
+@pytest.mark.slow
+def test_resumable_says_a_drawn_seed_is_not_in_its_backup(tmp_path, monkeypatch, capfd):
+    from mirrorkit import chief
+
+    monkeypatch.setattr(chief, "_said", set())
+    backup = str(tmp_path / "backup")
+    with pytest.raises(RuntimeError, match="on purpose"):
+        _train(2, [lambda d: mk.resumable(backup), lambda d: _FailAt(1, 0)], shuffle=True)
+    capfd.readouterr()
+    _train(2, [lambda d: mk.resumable(backup), lambda d: _FailAt(0, 0)], shuffle=True)
+    said = capfd.readouterr().err
+    assert "resuming a shuffled input whose seed was drawn (seed=None)" in said, said
+    assert "pass seed= to mk.distribute" in said

@@ -40,6 +40,7 @@ def test_enable_is_idempotent_and_disable_restores():
         "chief_tensorboard_cleanup",
         "chief_csv_open",
         "chief_csv_rows",
+        "chief_csv_close",
         "chief_progbar",
         "agreed_stop_begin",
         "agreed_stop_batch",

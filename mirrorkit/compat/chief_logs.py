@@ -14,7 +14,7 @@ On a worker that is not the chief of a multi-worker model:
 - ``TensorBoard`` writes into a temporary directory of its own, removed when
   training ends (what TensorFlow's multi-worker tutorial recommends): it still
   does all its work, so nothing it reads can leave the workers out of step;
-- ``CSVLogger`` opens and writes nothing;
+- ``CSVLogger`` opens, writes and closes nothing;
 - ``ProgbarLogger`` (``verbose="auto"``, 1 or 2) runs with ``verbose=0``.
 
 ``History`` is untouched: every worker's ``fit`` returns the complete history.
@@ -134,5 +134,7 @@ REPAIRS = (
     _repair("chief_tensorboard_cleanup", "TensorBoard.on_train_end", _remove_worker_dir),
     _repair("chief_csv_open", "CSVLogger.on_train_begin", _chief_only),
     _repair("chief_csv_rows", "CSVLogger.on_epoch_end", _chief_only),
+    # Keras 3.10's on_train_end closes a file on_train_begin never opened here.
+    _repair("chief_csv_close", "CSVLogger.on_train_end", _chief_only),
     _repair("chief_progbar", "ProgbarLogger.set_params", _quiet_progbar),
 )

@@ -63,7 +63,10 @@ def distribute(
         global_batch_size: examples per step over all replicas. Give exactly
             one of the two; the other is derived.
         shuffle: shuffle before batching, with a new order each epoch; on by
-            default in training, off for ``for_eval``.
+            default in training, off for ``for_eval``. In-memory arrays take
+            the order of (seed, epoch), which `mk.resumable` and
+            `mk.PreemptionCheckpoint` replay on resume
+            (`mirrorkit.pipeline.epoch_order`).
         seed: makes the shuffled orders repeatable. When None, a seed is
             drawn once and shared by all workers (said once).
         drop_remainder: ``"auto"`` drops a last partial global batch in

@@ -382,3 +382,17 @@ def test_run_job_refuses_a_log_dir_for_a_function(tmp_path):
 
     with pytest.raises(ValueError, match="log_dir= writes the output of a command's workers"):
         local_job.run_job(print, 2, log_dir=str(tmp_path))
+
+
+def test_launch_itself_imports_neither_tensorflow_nor_keras(tmp_path):
+    """The launcher process starts workers; importing TensorFlow there cost ~7 s of CPU a launch."""
+    script = tmp_path / "noop.py"
+    script.write_text("print('worker ran')\n")
+    code = (
+        "import sys\nfrom mirrorkit.cli import main\n"
+        f"status = main(['launch', '-n', '1', {str(script)!r}])\n"
+        "print('status', status, 'imported', 'tensorflow' in sys.modules or 'keras' in sys.modules)"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert "worker ran" in done.stdout, done.stdout + done.stderr
+    assert "status 0 imported False" in done.stdout, done.stdout + done.stderr

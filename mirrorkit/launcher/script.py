@@ -15,7 +15,7 @@ import signal
 import sys
 import tempfile
 
-from mirrorkit.faults import progress, restart
+from mirrorkit.faults import preempted, progress, restart
 from mirrorkit.faults.restart import ENV as RESTART_ENV
 from mirrorkit.launcher import cluster_spec, hosts, local_job, processes
 from mirrorkit.watchdog import ENV as HANG_ENV
@@ -175,15 +175,14 @@ def _forward_sigterm() -> None:
     """SIGTERM to the launcher goes to every worker, which gets `SIGTERM_GRACE_S` to end.
 
     A worker with `mk.PreemptionCheckpoint` saves at the next step boundary common to
-    all workers and exits with `preemption.EXIT_STATUS`; a worker still running after
+    all workers and exits with `preempted.EXIT_STATUS`; a worker still running after
     the grace period (or at a second SIGTERM) is stopped with the rest.
     """
-    from mirrorkit.faults import preemption  # imports Keras: only once workers start
 
     def on_sigterm(signum, frame):
         if signal.getitimer(signal.ITIMER_REAL)[0]:  # a second SIGTERM: stop now
             raise _Terminated
-        workers = preemption.local_workers(os.getpid(), RESTART_ENV)
+        workers = preempted.local_workers(os.getpid(), RESTART_ENV)
         local_job.say(
             f"SIGTERM: sent to {len(workers)} worker(s); waiting up to {SIGTERM_GRACE_S} s for "
             "them to end (mk.PreemptionCheckpoint saves at the next common step boundary)"
@@ -228,7 +227,6 @@ def run(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
-    from mirrorkit.faults import preemption  # imports Keras: not for --help or a bad flag
 
     target = ["-m", args.target] if args.module else [args.target]
     ranks = job.local_ranks
@@ -268,8 +266,8 @@ def run(args: argparse.Namespace) -> int:
         try:
             run_once(attempt)
         except processes.WorkerError as err:
-            if err.exit_code == preemption.EXIT_STATUS:
-                raise preemption.Preempted(job.first_rank + err.worker) from None
+            if err.exit_code == preempted.EXIT_STATUS:
+                raise preempted.Preempted(job.first_rank + err.worker) from None
             raise
 
     _forward_sigterm()
@@ -282,9 +280,9 @@ def run(args: argparse.Namespace) -> int:
                 describe=describe,
                 failure=lambda _attempt: restart.Failure.read(progress_file),
             )
-    except preemption.Preempted as err:
+    except preempted.Preempted as err:
         local_job.say(str(err))
-        return preemption.EXIT_STATUS
+        return preempted.EXIT_STATUS
     except processes.WorkerError as err:
         worker = job.first_rank + err.worker
         local_job.say(

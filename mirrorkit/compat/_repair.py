@@ -75,3 +75,21 @@ class Repair:
             owner, attr = self._owner_and_attr()
             setattr(owner, attr, self.original)
             self.original = None
+
+
+def multi_worker_repair(
+    name: str,
+    upstream: str,
+    target: str,
+    replacement: Callable[[Any], Any],
+    module: str = "keras.callbacks",
+) -> Repair:
+    """A `Repair` that only a multi-worker strategy needs (chief-only files, agreed decisions)."""
+    return Repair(
+        name=name,
+        upstream=upstream,
+        module=module,
+        target=target,
+        replacement=replacement,
+        applies_to=workers.is_multi_worker,
+    )

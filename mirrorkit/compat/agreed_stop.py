@@ -31,7 +31,7 @@ import numpy as np
 import tensorflow as tf
 
 from mirrorkit import chief, workers
-from mirrorkit.compat._repair import Repair
+from mirrorkit.compat._repair import multi_worker_repair
 from mirrorkit.compat.multi_worker_reduce import LOCAL_STEP_LOGS
 from mirrorkit.compat.multi_worker_reduce import REPAIR as STEP_LOGS_REPAIR
 
@@ -171,19 +171,12 @@ def _on_epoch_end(original):
     return on_epoch_end
 
 
-def _repair(name: str, target: str, replacement) -> Repair:
-    return Repair(
-        name=name,
-        upstream=_UPSTREAM,
-        module="keras.callbacks",
-        target=target,
-        replacement=replacement,
-        applies_to=workers.is_multi_worker,
-    )
-
-
 REPAIRS = (
-    _repair("agreed_stop_begin", "CallbackList.on_train_begin", _on_train_begin),
-    _repair("agreed_stop_batch", "CallbackList.on_train_batch_end", _on_train_batch_end),
-    _repair("agreed_stop_epoch", "CallbackList.on_epoch_end", _on_epoch_end),
+    multi_worker_repair(
+        "agreed_stop_begin", _UPSTREAM, "CallbackList.on_train_begin", _on_train_begin
+    ),
+    multi_worker_repair(
+        "agreed_stop_batch", _UPSTREAM, "CallbackList.on_train_batch_end", _on_train_batch_end
+    ),
+    multi_worker_repair("agreed_stop_epoch", _UPSTREAM, "CallbackList.on_epoch_end", _on_epoch_end),
 )

@@ -22,8 +22,8 @@ from __future__ import annotations
 
 import functools
 
-from mirrorkit import chief, workers
-from mirrorkit.compat._repair import Repair
+from mirrorkit import chief
+from mirrorkit.compat._repair import multi_worker_repair
 
 _MODULE_BACKUP = "keras.src.callbacks.backup_and_restore"
 _MODULE_CHECKPOINT = "keras.src.callbacks.model_checkpoint"
@@ -40,19 +40,27 @@ def _on_chief_only(original):
     return chief_only
 
 
-def _repair(name: str, module: str, target: str) -> Repair:
-    return Repair(
-        name=name,
-        upstream="no chief-aware callbacks in Keras 3",
-        module=module,
-        target=target,
-        replacement=_on_chief_only,
-        applies_to=workers.is_multi_worker,
-    )
-
-
+_UPSTREAM = "no chief-aware callbacks in Keras 3"
 REPAIRS = (
-    _repair("chief_backup_save", _MODULE_BACKUP, "BackupAndRestore._save_model"),
-    _repair("chief_backup_cleanup", _MODULE_BACKUP, "BackupAndRestore.on_train_end"),
-    _repair("chief_checkpoint_save", _MODULE_CHECKPOINT, "ModelCheckpoint._save_model"),
+    multi_worker_repair(
+        "chief_backup_save",
+        _UPSTREAM,
+        "BackupAndRestore._save_model",
+        _on_chief_only,
+        module=_MODULE_BACKUP,
+    ),
+    multi_worker_repair(
+        "chief_backup_cleanup",
+        _UPSTREAM,
+        "BackupAndRestore.on_train_end",
+        _on_chief_only,
+        module=_MODULE_BACKUP,
+    ),
+    multi_worker_repair(
+        "chief_checkpoint_save",
+        _UPSTREAM,
+        "ModelCheckpoint._save_model",
+        _on_chief_only,
+        module=_MODULE_CHECKPOINT,
+    ),
 )

@@ -30,7 +30,7 @@ import tempfile
 import keras
 
 from mirrorkit import chief, workers
-from mirrorkit.compat._repair import Repair
+from mirrorkit.compat._repair import multi_worker_repair
 
 _UPSTREAM = "tensorboard#1011; no chief-aware logging callbacks in Keras 3"
 _temporary_dirs: list[str] = []
@@ -118,23 +118,16 @@ def _remove_worker_dir(original):
     return on_train_end
 
 
-def _repair(name: str, target: str, replacement) -> Repair:
-    return Repair(
-        name=name,
-        upstream=_UPSTREAM,
-        module="keras.callbacks",
-        target=target,
-        replacement=replacement,
-        applies_to=workers.is_multi_worker,
-    )
-
-
 REPAIRS = (
-    _repair("chief_tensorboard", "TensorBoard.set_model", _tensorboard_to_temporary_dir),
-    _repair("chief_tensorboard_cleanup", "TensorBoard.on_train_end", _remove_worker_dir),
-    _repair("chief_csv_open", "CSVLogger.on_train_begin", _chief_only),
-    _repair("chief_csv_rows", "CSVLogger.on_epoch_end", _chief_only),
+    multi_worker_repair(
+        "chief_tensorboard", _UPSTREAM, "TensorBoard.set_model", _tensorboard_to_temporary_dir
+    ),
+    multi_worker_repair(
+        "chief_tensorboard_cleanup", _UPSTREAM, "TensorBoard.on_train_end", _remove_worker_dir
+    ),
+    multi_worker_repair("chief_csv_open", _UPSTREAM, "CSVLogger.on_train_begin", _chief_only),
+    multi_worker_repair("chief_csv_rows", _UPSTREAM, "CSVLogger.on_epoch_end", _chief_only),
     # Keras 3.10's on_train_end closes a file on_train_begin never opened here.
-    _repair("chief_csv_close", "CSVLogger.on_train_end", _chief_only),
-    _repair("chief_progbar", "ProgbarLogger.set_params", _quiet_progbar),
+    multi_worker_repair("chief_csv_close", _UPSTREAM, "CSVLogger.on_train_end", _chief_only),
+    multi_worker_repair("chief_progbar", _UPSTREAM, "ProgbarLogger.set_params", _quiet_progbar),
 )

@@ -23,8 +23,8 @@ import os
 import shutil
 import tempfile
 
-from mirrorkit import chief, workers
-from mirrorkit.compat._repair import Repair
+from mirrorkit import chief
+from mirrorkit.compat._repair import multi_worker_repair
 from mirrorkit.compat.chief_logs import multi_worker, not_chief_of
 
 _UPSTREAM = "no chief-aware saving in Keras 3"
@@ -52,19 +52,18 @@ def _to_temporary_path(original):
     return save
 
 
-def _repair(name: str, target: str) -> Repair:
-    return Repair(
-        name=name,
-        upstream=_UPSTREAM,
-        module="keras",
-        target=target,
-        replacement=_to_temporary_path,
-        applies_to=workers.is_multi_worker,
-    )
-
-
 REPAIRS = (
-    _repair("chief_model_save", "Model.save"),
-    _repair("chief_model_save_weights", "Model.save_weights"),
-    _repair("chief_model_export", "Model.export"),
+    multi_worker_repair(
+        "chief_model_save", _UPSTREAM, "Model.save", _to_temporary_path, module="keras"
+    ),
+    multi_worker_repair(
+        "chief_model_save_weights",
+        _UPSTREAM,
+        "Model.save_weights",
+        _to_temporary_path,
+        module="keras",
+    ),
+    multi_worker_repair(
+        "chief_model_export", _UPSTREAM, "Model.export", _to_temporary_path, module="keras"
+    ),
 )

@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 
 from mirrorkit import chief, workers
-from mirrorkit.compat._repair import Repair
+from mirrorkit.compat._repair import multi_worker_repair
 from mirrorkit.compat.agreed_stop import multi_worker_strategy
 
 _UPSTREAM = "HybridBackend#88; Keras callbacks monitor each worker's own logs"
@@ -106,18 +106,11 @@ def _reduce_lr(original):
     return on_epoch_end
 
 
-def _repair(name: str, target: str, replacement) -> Repair:
-    return Repair(
-        name=name,
-        upstream=_UPSTREAM,
-        module="keras.callbacks",
-        target=target,
-        replacement=replacement,
-        applies_to=workers.is_multi_worker,
-    )
-
-
 REPAIRS = (
-    _repair("shared_early_stopping", "EarlyStopping.get_monitor_value", _early_stopping),
-    _repair("shared_reduce_lr", "ReduceLROnPlateau.on_epoch_end", _reduce_lr),
+    multi_worker_repair(
+        "shared_early_stopping", _UPSTREAM, "EarlyStopping.get_monitor_value", _early_stopping
+    ),
+    multi_worker_repair(
+        "shared_reduce_lr", _UPSTREAM, "ReduceLROnPlateau.on_epoch_end", _reduce_lr
+    ),
 )

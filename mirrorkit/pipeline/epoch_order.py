@@ -125,13 +125,6 @@ def mark_stream(distributed: Any) -> None:
     _STREAMS.add(marker)
 
 
-def _orders(data: Any) -> list[EpochOrder]:
-    if data is not None:
-        order = getattr(data, "epoch_order", None)
-        return [order] if order is not None else []
-    return list(_ORDERS)
-
-
 def begin_epoch(epoch: int, data: Any = None) -> None:
     """Sets Keras's `epoch` on `data`'s order, or (no `data`) on every live shuffled array input.
 
@@ -139,13 +132,16 @@ def begin_epoch(epoch: int, data: Any = None) -> None:
         epoch: the epoch Keras is beginning (0-based).
         data: the dataset `mk.distribute` returned, if known.
     """
-    for order in _orders(data):
+    for order in orders(data):
         order.begin(epoch)
 
 
 def orders(data: Any = None) -> list[EpochOrder]:
     """`data`'s epoch order (a list of one, or none), or every live one when `data` is None."""
-    return _orders(data)
+    if data is not None:
+        order = getattr(data, "epoch_order", None)
+        return [order] if order is not None else []
+    return list(_ORDERS)
 
 
 def say_if_not_replayed(data: Any = None) -> None:

@@ -187,10 +187,16 @@ def _padded():
     return tf.data.Dataset.range(20).map(lambda i: tf.fill([i % 3 + 1], i)).padded_batch(4)
 
 
-def _batched():
+def _batched(size=10, count=64):
     import tensorflow as tf
 
-    return tf.data.Dataset.range(64).batch(10)
+    return tf.data.Dataset.range(count).batch(size)
+
+
+def _filtered_batches():
+    import tensorflow as tf
+
+    return tf.data.Dataset.range(64).filter(lambda i: i % 7 > 0).batch(8)
 
 
 def _zip_of_batches():
@@ -379,6 +385,13 @@ def _cases(tmp: pathlib.Path) -> dict[str, Callable[[], object]]:
         "data-empty": _distribute(_xy(0)),
         "data-padded-batch": _distribute(_padded()),
         "data-already-batched": _said(_distribute(_batched(), global_batch_size=16)),
+        "data-batches-kept": _said(_distribute(_batched(), global_batch_size=None)),
+        "data-batch-indivisible": _distribute(_batched(9), global_batch_size=None),
+        "data-batches-uneven-last": _said(_distribute(_batched(8, 63), global_batch_size=None)),
+        "data-batches-uneven-kept": _said(
+            _distribute(_batched(8, 63), global_batch_size=None, drop_remainder=False)
+        ),
+        "data-unknown-length": _said(_distribute(_filtered_batches(), global_batch_size=None)),
         "data-zip-of-batches": _said(_distribute(_zip_of_batches(), global_batch_size=16)),
         "data-maybe-batched": _said(_distribute(_hidden_batches(), global_batch_size=16)),
         "data-ragged-lists": _distribute(([[1.0, 2.0], [3.0]], [0.0, 1.0])),

@@ -161,7 +161,7 @@ def batched_unverified(monkeypatch):
 
 def test_batched_detection_works_on_this_tensorflow(batched_unverified):
     found = batched_unverified.find(tf.data.Dataset.range(10).map(lambda x: x).batch(4))
-    assert found == batched_unverified.Batching(4, False)
+    assert found == batched_unverified.Batching(4, False, drop_remainder=False, num_examples=10)
 
 
 def test_renamed_batch_dataset_class_is_an_error(monkeypatch, batched_unverified):

@@ -82,6 +82,76 @@ def global_pipeline(
         if options.preprocess is not None:
             dataset = dataset.map(options.preprocess, num_parallel_calls=tf.data.AUTOTUNE)
         dataset = dataset.batch(size, drop_remainder=options.drop)
+    distributed = _distribute_global_batches(dataset, strategy, options, workers)
+    steps = None
+    dropped = 0
+    if count is not None:
+        steps = count // size if options.drop else math.ceil(count / size)
+        dropped = count - steps * size if options.drop else 0
+    if options.drop:
+        say_dropped(dropped, count, size)
+    elif count is not None and not options.for_eval:
+        say_uneven_last_batch(count - (steps - 1) * size, sizes.num_replicas)
+    if steps is None:
+        say_unknown_length()
+    distributed.epoch_order = order
+    if options.shuffle and order is None:
+        epoch_order.mark_stream(distributed)
+    return describe(distributed, sizes, count, steps, dropped)
+
+
+def kept_batches(
+    dataset: tf.data.Dataset,
+    found: batched.Batching,
+    strategy: tf.distribute.Strategy,
+    sizes: batch_sizes.BatchSizes,
+    options: Options,
+    workers: int,
+) -> tf.distribute.DistributedDataset:
+    """An already-batched pipeline whose batch is the global batch: its batches, as they are.
+
+    Its order, its own shuffle and its last partial batch stay what one device
+    would see, and so does its length (Keras shows "n/N" and takes N steps).
+    In training, a last partial batch that the replicas cannot share evenly is
+    dropped by default: Keras averages the replicas' mean losses, so unequal
+    shares would weigh examples unequally on that step (``drop_remainder=False``
+    keeps it; ``True`` drops any partial last batch).
+    """
+    steps = int(dataset.cardinality())
+    steps = steps if steps >= 0 else None
+    count = found.num_examples
+    last = found.last_batch_size
+    size = sizes.global_batch_size
+    dropped = 0
+    partial = last is not None and last < size
+    uneven = last is not None and last % sizes.num_replicas != 0
+    if not options.for_eval and steps is not None and partial:
+        if options.drop is True and (not options.drop_auto or uneven):
+            dataset = dataset.take(steps - 1)
+            steps, dropped = steps - 1, last
+            say_dropped(dropped, count, size, uneven_over=sizes.num_replicas if uneven else None)
+        elif uneven:
+            say_uneven_last_batch(last, sizes.num_replicas)
+    chief.say_once(
+        f"kept-batches-{size}",
+        f"data is already batched with batch size {size}, the global batch: mk.distribute keeps "
+        f"its batches, its order and its own shuffle as they are ({sizes.per_replica_batch_size} "
+        "examples of each batch per replica)"
+        + ("" if dropped or not partial else f", its last batch of {last} included"),
+    )
+    if options.cache:
+        dataset = dataset.cache()
+    if steps is None:
+        say_unknown_length()
+    distributed = _distribute_global_batches(dataset, strategy, options, workers)
+    distributed.epoch_order = None
+    return describe(distributed, sizes, count, steps, dropped)
+
+
+def _distribute_global_batches(
+    dataset: tf.data.Dataset, strategy: tf.distribute.Strategy, options: Options, workers: int
+) -> tf.distribute.DistributedDataset:
+    """Prefetches and shards a pipeline of global batches; TensorFlow splits each batch."""
     if options.prefetch:
         dataset = dataset.prefetch(tf.data.AUTOTUNE)
     shard = "example" if options.shard == "auto" else options.shard
@@ -93,18 +163,7 @@ def global_pipeline(
             f"input split among {workers} workers by {shard}"
             + (" (every worker reads all of it)" if shard == "example" else ""),
         )
-    distributed = strategy.experimental_distribute_dataset(dataset.with_options(tf_options))
-    steps = None
-    dropped = 0
-    if count is not None:
-        steps = count // size if options.drop else math.ceil(count / size)
-        dropped = count - steps * size if options.drop else 0
-    if options.drop:
-        say_dropped(dropped, count, size)
-    distributed.epoch_order = order
-    if options.shuffle and order is None:
-        epoch_order.mark_stream(distributed)
-    return describe(distributed, sizes, count, steps, dropped)
+    return strategy.experimental_distribute_dataset(dataset.with_options(tf_options))
 
 
 def reads_own_files(split: tfds_source.TfdsSplit, options: Options, workers: int) -> bool:
@@ -203,9 +262,27 @@ def from_function(
     return describe(distributed, sizes, None, None, 0)
 
 
-def say_dropped(dropped: int, count: int | None, global_batch_size: int) -> None:
-    """Says once, on the chief, how many examples an epoch drops to keep whole batches."""
-    if count is None:
+def say_dropped(
+    dropped: int, count: int | None, global_batch_size: int, uneven_over: int | None = None
+) -> None:
+    """Says once, on the chief, how many examples an epoch drops to keep whole batches.
+
+    Args:
+        dropped: examples dropped each epoch.
+        count: examples in the data, when known.
+        global_batch_size: examples per step.
+        uneven_over: the replica count, when the last batch was dropped because
+            the replicas cannot share it evenly (an already-batched input).
+    """
+    if uneven_over is not None:
+        chief.say_once(
+            f"dropped-uneven-{dropped}-{count}",
+            f"each epoch uses {count - dropped} of {count} examples: the last batch of "
+            f"{dropped} does not split evenly over {uneven_over} replicas, where Keras would "
+            "weigh its examples unequally (not as one device does), so it is dropped; "
+            "drop_remainder=False keeps it (that one step then differs slightly from one device)",
+        )
+    elif count is None:
         chief.say_once(
             "dropped-unknown",
             f"drop_remainder: a last partial global batch (under {global_batch_size} examples), "
@@ -234,3 +311,27 @@ def describe(
     distributed.steps_per_epoch = steps
     distributed.dropped_per_epoch = dropped
     return distributed
+
+
+def say_uneven_last_batch(last: int, num_replicas: int) -> None:
+    """Says once that a kept last batch splits unevenly, so its step differs from one device."""
+    if last % num_replicas:
+        chief.say_once(
+            f"uneven-last-{last}-{num_replicas}",
+            f"the last batch of each epoch ({last} examples) does not split evenly over "
+            f"{num_replicas} replicas; Keras averages the replicas' mean losses, so that one step "
+            "weighs its examples unequally and differs slightly from one device (leave "
+            "drop_remainder='auto' or pass True to drop it)",
+        )
+
+
+def say_unknown_length() -> None:
+    """Says once that the input's length is unknown, what Keras does then, and the fix."""
+    chief.say_once(
+        "unknown-length",
+        "the number of batches in data is unknown (a filter, a generator, flat_map, ...): Keras "
+        "shows no total, runs each epoch until the data ends, and counts one step more than "
+        "there were (optimizer.iterations runs ahead). If you know the length, apply "
+        "tf.data.experimental.assert_cardinality(n) to the dataset before mk.distribute; or "
+        ".repeat() it and pass steps_per_epoch= to fit",
+    )

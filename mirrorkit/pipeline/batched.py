@@ -7,7 +7,10 @@ cache, shuffle, repeat, take, skip, options), and into every input of a
 ``zip`` or ``concatenate`` (a zip of batched datasets is batched: left
 alone, mk.distribute would batch its batches and a model whose layers take
 any leading shape, such as Dense, would train on the wrong batches without an
-error). ``rebatch`` batches too. The walk checks itself once
+error). ``rebatch`` batches too. It also reads the batching step's
+``drop_remainder`` and, where every step above it keeps one element per batch
+(map, prefetch, cache, shuffle of batches, options), how many examples the
+batches hold: the cardinality of the batching step's input. The walk checks itself once
 on a small probe pipeline: if a TensorFlow release renamed the classes or
 links it relies on, `find` raises `mirrorkit.internals.InternalChangedError`
 instead of reporting "not batched" (which would batch the data twice).
@@ -16,6 +19,7 @@ instead of reporting "not batched" (which would batch the data twice).
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import tensorflow as tf
 
@@ -33,6 +37,7 @@ _MERGING = ("Zip", "Concatenate")
 #: The private links the walk follows (TensorFlow 2.17-2.21).
 _INPUT_LINK = "_input_dataset"
 _SIZE_FIELD = "_batch_size"
+_DROP_FIELD = "_drop_remainder"
 _verified = False
 _USED_FOR = "mk.distribute telling whether a dataset is already batched"
 #: Steps the walk may pass: they keep elements' leading (batch) dimension.
@@ -40,14 +45,37 @@ _TRANSPARENT = (
     "Map", "ParallelMap", "Filter", "Prefetch", "Cache", "Shuffle", "Repeat", "Take", "Skip",
     "Options", "AssertCardinality", "IgnoreErrors", "Apply",
 )  # fmt: skip
+#: Of those, the steps that give exactly one element per input element (batches stay whole).
+_ONE_TO_ONE = ("Map", "ParallelMap", "Prefetch", "Cache", "Shuffle", "Options", "AssertCardinality")
 
 
 @dataclasses.dataclass(frozen=True)
 class Batching:
-    """How a pipeline batches: size (None if not static) and whether padded."""
+    """How a pipeline batches.
+
+    Attributes:
+        batch_size: examples per batch (None if not static).
+        padded: whether the batches are made by ``padded_batch``.
+        drop_remainder: whether the batching step drops a last partial batch
+            (False when unknown).
+        num_examples: how many examples the pipeline's batches hold in all,
+            when the batching step's input has a known cardinality and every
+            step above it keeps one element per batch; else None.
+    """
 
     batch_size: int | None
     padded: bool
+    drop_remainder: bool = False
+    num_examples: int | None = None
+
+    @property
+    def last_batch_size(self) -> int | None:
+        """Examples in the last batch (a partial one, or a whole one); None when unknown."""
+        if self.num_examples is None or not self.batch_size:
+            return None
+        return self.num_examples - (math.ceil(self.num_examples / self.batch_size) - 1) * (
+            self.batch_size
+        )
 
 
 def find(dataset: tf.data.Dataset, max_depth: int = 64) -> Batching | None:
@@ -59,7 +87,8 @@ def find(dataset: tf.data.Dataset, max_depth: int = 64) -> Batching | None:
 
     from mirrorkit.pipeline.batched import find
 
-    assert find(tf.data.Dataset.range(10).batch(4).prefetch(1)).batch_size == 4
+    found = find(tf.data.Dataset.range(10).batch(4).prefetch(1))
+    assert (found.batch_size, found.num_examples, found.last_batch_size) == (4, 10, 2)
     assert find(tf.data.Dataset.range(10)) is None
     ```
     """
@@ -69,11 +98,11 @@ def find(dataset: tf.data.Dataset, max_depth: int = 64) -> Batching | None:
 
 def _walk(dataset: tf.data.Dataset, max_depth: int = 64) -> Batching | None:
     node = dataset
+    whole = True  # every step so far gives one element per batch
     for _ in range(max_depth):
         name = type(node).__name__
         if name in _BATCHING or name in _PADDED:
-            size = tf.get_static_value(getattr(node, _SIZE_FIELD, None))
-            return Batching(None if size is None else int(size), name in _PADDED)
+            return _batching(node, name, whole)
         if name in _UNBATCHING:
             return None
         stem = name.lstrip("_").removesuffix("Dataset")
@@ -82,13 +111,28 @@ def _walk(dataset: tf.data.Dataset, max_depth: int = 64) -> Batching | None:
                 node, "_inputs", name="tf.data Dataset._inputs()", used_for=_USED_FOR
             )()
             found = [f for f in (_walk(d, max_depth) for d in inputs) if f is not None]
-            return found[0] if found else None
+            return dataclasses.replace(found[0], num_examples=None) if found else None
         if stem not in _TRANSPARENT:
             return None
+        whole = whole and stem in _ONE_TO_ONE
         node = getattr(node, _INPUT_LINK, None)
         if node is None:
             return None
     return None
+
+
+def _batching(node: tf.data.Dataset, name: str, whole: bool) -> Batching:
+    """What a batching step says of itself; the example count when `whole` lets it be known."""
+    size = tf.get_static_value(getattr(node, _SIZE_FIELD, None))
+    size = None if size is None else int(size)
+    drop = bool(tf.get_static_value(getattr(node, _DROP_FIELD, False)))
+    count = None
+    source = getattr(node, _INPUT_LINK, None)
+    if whole and size and source is not None:
+        below = int(source.cardinality())
+        if below >= 0:
+            count = below // size * size if drop else below
+    return Batching(size, name in _PADDED, drop, count)
 
 
 def _verify() -> None:
@@ -97,13 +141,17 @@ def _verify() -> None:
     if _verified:
         return
     probes = {
-        "Dataset.range(4).map(f).batch(2).prefetch(1)": (
-            tf.data.Dataset.range(4).map(lambda x: x).batch(2).prefetch(1),
-            Batching(2, False),
+        "Dataset.range(5).map(f).batch(2).prefetch(1)": (
+            tf.data.Dataset.range(5).map(lambda x: x).batch(2).prefetch(1),
+            Batching(2, False, False, 5),
+        ),
+        "Dataset.range(5).batch(2, drop_remainder=True)": (
+            tf.data.Dataset.range(5).batch(2, drop_remainder=True),
+            Batching(2, False, True, 4),
         ),
         "Dataset.range(4).padded_batch(2)": (
             tf.data.Dataset.range(4).padded_batch(2),
-            Batching(2, True),
+            Batching(2, True, False, 4),
         ),
         "Dataset.zip((Dataset.range(4).batch(2), Dataset.range(4).batch(2)))": (
             tf.data.Dataset.zip(
@@ -117,7 +165,7 @@ def _verify() -> None:
         if got != want:
             raise internals.changed(
                 f"tf.data dataset classes ({', '.join(_BATCHING)}) and their "
-                f"{_INPUT_LINK}/{_SIZE_FIELD} fields",
+                f"{_INPUT_LINK}/{_SIZE_FIELD}/{_DROP_FIELD} fields",
                 _USED_FOR,
                 f"the walk over {label} found {got}, not {want} ({type(probe).__name__})",
             )

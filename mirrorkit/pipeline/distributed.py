@@ -16,7 +16,7 @@ import tensorflow as tf
 
 from mirrorkit import chief, registry
 from mirrorkit import workers as workers_lib
-from mirrorkit.pipeline import assemble, batch_sizes, sources, tfds_source
+from mirrorkit.pipeline import assemble, batch_sizes, batched, sources, tfds_source
 from mirrorkit.pipeline.options import Options
 
 
@@ -50,8 +50,12 @@ def distribute(
     the smaller last batch among the replicas).
 
     Args:
-        data: an unbatched ``tf.data.Dataset`` (an already batched one is
-            unbatched and rebatched, and that is said); NumPy arrays or
+        data: a ``tf.data.Dataset``, unbatched or already batched (as
+            ``image_dataset_from_directory`` and Keras's other dataset
+            utilities make it: given neither batch size, or its own batch size,
+            its batches are kept as they are, their length included, and its
+            batch is the global batch; given another size, it is unbatched
+            and batched again, said once); NumPy arrays or
             tensors as ``x``, a dict, or ``(x, y[, sample_weight])``; a
             function ``fn(input_context) -> tf.data.Dataset`` run once per
             worker (return unbatched elements, or batches of
@@ -61,16 +65,20 @@ def distribute(
         strategy: the strategy to distribute for; the current one when None.
         per_replica_batch_size: examples per replica per step.
         global_batch_size: examples per step over all replicas. Give exactly
-            one of the two; the other is derived.
+            one of the two (or neither for an already-batched dataset); the
+            other is derived.
         shuffle: shuffle before batching, with a new order each epoch; on by
-            default in training, off for ``for_eval``. In-memory arrays take
+            default in training, off for ``for_eval`` and for a dataset whose
+            batches are kept (its own shuffle applies). In-memory arrays take
             the order of (seed, epoch), which `mk.resumable` and
             `mk.PreemptionCheckpoint` replay on resume
             (`mirrorkit.pipeline.epoch_order`).
         seed: makes the shuffled orders repeatable. When None, a seed is
             drawn once and shared by all workers (said once).
         drop_remainder: ``"auto"`` drops a last partial global batch in
-            training and keeps it for evaluation; True or False force it.
+            training and keeps it for evaluation; True or False force it. An
+            already-batched dataset's kept batches lose their last partial
+            batch in training only where the replicas cannot share it evenly.
         shard: how workers divide the data: ``"auto"`` (by file when there
             are at least as many files as workers, else by example),
             ``"file"``, ``"example"``, or ``"off"`` (every worker sees every
@@ -124,12 +132,32 @@ def distribute(
     )
     if strategy is None:
         strategy = registry.current_strategy()
-    sizes = batch_sizes.resolve(
-        strategy.num_replicas_in_sync, per_replica_batch_size, global_batch_size
+    found = batched.find(data) if isinstance(data, tf.data.Dataset) else None
+    if found is not None and per_replica_batch_size is None and global_batch_size is None:
+        sizes = _own_batch(found, strategy.num_replicas_in_sync)
+    else:
+        sizes = batch_sizes.resolve(
+            strategy.num_replicas_in_sync, per_replica_batch_size, global_batch_size
+        )
+    keep_batches = (
+        found is not None
+        and found.batch_size == sizes.global_batch_size
+        and shuffle is not True
+        and preprocess is None
     )
     options = Options.check(
-        shuffle, drop_remainder, shard, for_eval, cache, prefetch, preprocess, shuffle_buffer_size
+        False if keep_batches else shuffle,
+        drop_remainder,
+        shard,
+        for_eval,
+        cache,
+        prefetch,
+        preprocess,
+        shuffle_buffer_size,
     )
+    if keep_batches:
+        workers = workers_lib.num_workers(strategy)
+        return assemble.kept_batches(data, found, strategy, sizes, options, workers)
     workers = workers_lib.num_workers(strategy)
     announce = options.shuffle and seed is None  # said once the pipeline is made, not before
     if options.shuffle:
@@ -155,7 +183,7 @@ def distribute(
             tfds_split.num_examples,
         )
     elif isinstance(data, tf.data.Dataset):
-        source = sources.from_dataset(data, sizes.global_batch_size)
+        source = sources.from_dataset(data, sizes.global_batch_size, found)
     elif sources.is_array_data(data):
         source = sources.from_arrays(data)
     elif callable(data):
@@ -171,6 +199,27 @@ def distribute(
     if made.epoch_order is not None:
         made.epoch_order.seed_drawn = announce
     return _say_seed(made, seed, announce)
+
+
+def _own_batch(found: batched.Batching, num_replicas: int) -> batch_sizes.BatchSizes:
+    """The batch sizes of an already-batched dataset given neither size: its batch is global."""
+    size = found.batch_size
+    if size is None:
+        raise ValueError(
+            "data is already batched, but its batch size is not fixed in the pipeline (a tensor "
+            "batch size), so mk.distribute cannot tell the global batch. Pass "
+            "global_batch_size= (it then unbatches and batches again)."
+        )
+    if size % num_replicas:
+        below = max(num_replicas, size // num_replicas * num_replicas)
+        raise ValueError(
+            f"data is already batched with batch size {size}, which does not divide among "
+            f"{num_replicas} replicas (each would take a different share, and Keras would weigh "
+            f"the shares unequally). Batch it by a multiple of {num_replicas} (e.g. {below} or "
+            f"{below + num_replicas}), or pass global_batch_size= to have mk.distribute batch "
+            "it again."
+        )
+    return batch_sizes.resolve(num_replicas, None, size)
 
 
 def _what(data: Any) -> str:

@@ -11,11 +11,14 @@ worker and replica (they share the seed), a fresh random order each epoch.
 The epoch is a small host variable read when an iterator gives its first
 element (not when Keras makes the iterator; it makes some it never reads),
 which then counts on by one, so iterating the dataset by hand still gives a
-new order each time. `mk.resumable` and `mk.PreemptionCheckpoint` set it to
-Keras's epoch at each ``on_epoch_begin`` (`begin_epoch`), so with either
-callback epoch ``e`` always reads the order ``e``, in an uninterrupted run and
-in a resumed one alike. `mk.PreemptionCheckpoint` also carries the seed, so a
-drawn seed (``seed=None``) is replayed on resume.
+new order each time. Every ``fit`` sets it to the epoch Keras begins
+(`mirrorkit.compat.fit_epoch`, a hook on ``CallbackList.on_epoch_begin``,
+put in place by the first shuffled input), so epoch ``e`` always reads the
+order ``e``: in an uninterrupted run, after Keras's own ``BackupAndRestore``
+restored a backup, after ``fit(initial_epoch=e)``, `mk.resumable` and
+`mk.PreemptionCheckpoint` alike. `mk.PreemptionCheckpoint` also carries the
+seed, so a drawn seed (``seed=None``) is replayed on resume; any other resume
+of a drawn seed is said once (`resumed`).
 
 Streamed sources (a tf.data pipeline, tfds files, or arrays with ``cache=`` or
 ``preprocess=``) keep TensorFlow's buffer shuffle, whose orders are not
@@ -28,9 +31,11 @@ import threading
 import weakref
 from typing import Any
 
+import keras
 import tensorflow as tf
 
 from mirrorkit import chief
+from mirrorkit.compat import fit_epoch
 
 #: Every live in-memory shuffled order, and every live shuffled stream (a marker object).
 _ORDERS: weakref.WeakSet = weakref.WeakSet()
@@ -61,7 +66,9 @@ class EpochOrder:
         self.seed, self.epoch = _host_variables(int(seed), 0)
         self.count = int(count)
         self.seed_drawn = bool(seed_drawn)
+        self.used = False  # set when a fit first begins an epoch with it
         _ORDERS.add(self)
+        fit_epoch.listen(_fit_begins_epoch)
 
     def begin(self, epoch: int) -> None:
         """The next iterator to give an element reads epoch `epoch`'s order."""
@@ -123,6 +130,7 @@ def mark_stream(distributed: Any) -> None:
     marker = Stream()
     distributed.shuffle_stream = marker
     _STREAMS.add(marker)
+    fit_epoch.listen(_fit_begins_epoch)
 
 
 def begin_epoch(epoch: int, data: Any = None) -> None:
@@ -158,3 +166,44 @@ def say_if_not_replayed(data: Any = None) -> None:
             "see other orders than an uninterrupted run (in-memory arrays replay theirs; "
             "shuffle=False keeps any input's order)",
         )
+
+
+def _fit_begins_epoch(callbacks: Any, epoch: int, first: bool) -> None:
+    """Every live order takes Keras's `epoch`; a resumed fit says what differs (`resumed`)."""
+    live = orders()
+    for order in live:
+        order.begin(epoch)
+    if first and epoch > 0:
+        resumed(callbacks, [order for order in live if not order.used])
+    for order in live:
+        order.used = True
+
+
+def resumed(callbacks: Any = None, fresh: list[EpochOrder] | None = None) -> None:
+    """A ``fit`` that begins past epoch 0: says once each reason its orders or steps differ.
+
+    Args:
+        callbacks: the ``fit``'s `keras.callbacks.CallbackList` (or None).
+        fresh: the orders this process had not trained on before (their
+            seed, if drawn, is this run's, not the interrupted run's).
+    """
+    say_if_not_replayed()
+    if any(order.seed_drawn for order in fresh or []):
+        chief.say_once(
+            "resume-drawn-seed",
+            "resuming a shuffled input whose seed was drawn (seed=None): this run drew "
+            "another, so the resumed epochs see other orders than an uninterrupted run; "
+            "pass seed= to mk.distribute to replay them",
+        )
+    for callback in getattr(callbacks, "callbacks", None) or []:
+        if isinstance(callback, keras.callbacks.BackupAndRestore) and isinstance(
+            callback.save_freq, int
+        ):
+            chief.say_once(
+                "resume-backup-steps",
+                f"resuming from keras.callbacks.BackupAndRestore(save_freq={callback.save_freq}): "
+                "Keras 3 restores the weights saved in the middle of an epoch but begins that "
+                "epoch again from its first step, so the steps before the backup are trained "
+                "twice and the result differs from an uninterrupted run; back up at each "
+                "epoch's end (save_freq='epoch', as mk.resumable does) for an exact resume",
+            )

@@ -21,6 +21,7 @@ class Options:
         shuffle, drop, shard, for_eval, cache, prefetch, preprocess, buffer:
             the resolved values (``drop`` is ``drop_remainder``, ``buffer``
             ``shuffle_buffer_size``).
+        drop_auto: whether ``drop_remainder`` was left ``"auto"``.
     """
 
     def __init__(self, **kwargs: Any):
@@ -54,6 +55,7 @@ class Options:
         return cls(
             shuffle=(not for_eval) if shuffle is None else bool(shuffle),
             drop=(not for_eval) if drop_remainder == "auto" else drop_remainder,
+            drop_auto=drop_remainder == "auto",
             shard=shard,
             for_eval=bool(for_eval),
             cache=bool(cache),

@@ -64,28 +64,42 @@ def from_arrays(data: Any) -> Source:
     return Source(tf.data.Dataset.range(count), count, read)
 
 
-def from_dataset(dataset: tf.data.Dataset, global_batch_size: int) -> Source:
-    """A source from a tf.data pipeline; an already-batched one is unbatched, and said.
+def from_dataset(
+    dataset: tf.data.Dataset, global_batch_size: int, found: batched.Batching | None
+) -> Source:
+    """A source of single examples from a tf.data pipeline; an already-batched one is unbatched.
+
+    Args:
+        dataset: the user's pipeline.
+        global_batch_size: the global batch it will be batched into again.
+        found: how `dataset` is batched (`mirrorkit.pipeline.batched.find`), or None.
+
+    Returns:
+        The unbatched pipeline with its example count, which an unbatched
+        batch pipeline keeps (``assert_cardinality``) whenever the batches'
+        count is known, so Keras still sees the epoch's length.
 
     Raises:
         ValueError: the pipeline ends in ``padded_batch``, whose padding would
             become examples if unbatched.
     """
-    found = batched.find(dataset)
     if found is not None:
         if found.padded:
             raise ValueError(
-                "data is already batched with padded_batch; unbatching would turn its padding "
-                "into examples. Pass the dataset as it is before padded_batch, and pad per "
-                "example with a map, or batch it yourself and use "
-                "strategy.experimental_distribute_dataset."
+                f"data is already batched with padded_batch (batch size {found.batch_size}); "
+                "unbatching would turn its padding into examples. Pass "
+                f"global_batch_size={found.batch_size} (or neither batch size) to keep its "
+                "batches as they are, or pass the dataset as it is before padded_batch."
             )
         chief.say_once(
             "rebatched",
             f"data was already batched (batch size {found.batch_size}); mk.distribute "
-            f"unbatched it and batches it again with global batch size {global_batch_size}",
+            f"unbatched it and batches it again with global batch size {global_batch_size} "
+            "(pass neither batch size to keep its own batches)",
         )
         dataset = dataset.unbatch()
+        if found.num_examples is not None:
+            dataset = dataset.apply(tf.data.experimental.assert_cardinality(found.num_examples))
     elif _may_be_batches(dataset.element_spec):
         chief.say_once(
             "maybe-batched",

@@ -10,6 +10,7 @@ traceback and never a silent no-op. ``docs/compat.md`` lists every internal.
 
 from __future__ import annotations
 
+import importlib
 import warnings
 from typing import Any
 
@@ -78,6 +79,37 @@ def require(owner: Any, attr: str, *, name: str, used_for: str) -> Any:
     if not hasattr(owner, attr):
         raise changed(name, used_for)
     return getattr(owner, attr)
+
+
+def load(module: str, attr: str, *, used_for: str) -> Any:
+    """Returns the private ``module.attr``, or raises `InternalChangedError` naming it.
+
+    Args:
+        module: the dotted private module, e.g. ``"keras.src.trainers.data_adapters"``.
+        attr: the name inside it.
+        used_for: what mirrorkit needs it for.
+
+    Returns:
+        The attribute's value.
+
+    Raises:
+        InternalChangedError: the module cannot be imported or has no `attr`.
+
+    Example:
+    ```python
+    from mirrorkit import internals
+
+    make = internals.load(
+        "keras.src.trainers.data_adapters.tf_dataset_adapter", "make_class_weight_map_fn",
+        used_for="mk.distribute(class_weight=)",
+    )
+    ```
+    """
+    try:
+        owner = importlib.import_module(module)
+    except ImportError as error:
+        raise changed(f"{module}.{attr}", used_for, f"the module cannot be imported ({error})")
+    return require(owner, attr, name=f"{module}.{attr}", used_for=used_for)
 
 
 def warn(name: str, used_for: str, problem: str = "it is missing") -> None:

@@ -303,3 +303,92 @@ def test_tfds_on_one_worker_reads_every_example(tmp_path):
     for batch in data:
         seen += [i for v in strategy.experimental_local_results(batch["id"]) for i in v.numpy()]
     assert sorted(seen) == list(range(10_000, 10_000 + NUM_TEST))
+
+
+# already-batched datasets: their batches kept, their length known
+
+
+def test_a_dataset_batched_by_the_global_batch_keeps_its_batches_length_and_order(capfd):
+    strategy = _strategy(2)
+    data = mk.distribute(tf.data.Dataset.range(100).batch(10), strategy, for_eval=True)
+    assert (data.global_batch_size, data.steps_per_epoch, data.num_examples) == (10, 10, 100)
+    assert int(data.cardinality) == 10
+    seen = [i for step in _ids_by_replica(strategy, data) for r in step for i in r]
+    assert seen == list(range(100))
+    assert "keeps its batches" in capfd.readouterr().err
+
+
+def test_a_rebatched_dataset_keeps_its_length():
+    data = mk.distribute(
+        tf.data.Dataset.range(100).batch(10).map(lambda b: b * 1),
+        _strategy(2),
+        global_batch_size=32,
+        shuffle=False,
+    )
+    assert (data.steps_per_epoch, data.num_examples, data.dropped_per_epoch) == (3, 100, 4)
+    assert int(data.cardinality) == 3
+
+
+def test_an_uneven_last_batch_is_dropped_in_training_and_kept_when_even():
+    uneven = mk.distribute(tf.data.Dataset.range(63).batch(8), _strategy(2))
+    assert (uneven.steps_per_epoch, uneven.num_examples, uneven.dropped_per_epoch) == (7, 63, 7)
+    even = mk.distribute(tf.data.Dataset.range(62).batch(8), _strategy(2))
+    assert (even.steps_per_epoch, even.num_examples, even.dropped_per_epoch) == (8, 62, 0)
+
+
+def test_fit_on_a_batched_dataset_takes_exactly_its_steps():
+    import keras
+
+    strategy = _strategy(2)
+    x = np.arange(80, dtype="float32").reshape(40, 2) / 80
+    dataset = tf.data.Dataset.from_tensor_slices((x, x[:, :1])).batch(8).map(lambda a, b: (a, b))
+    data = mk.distribute(dataset, strategy)
+    model = mk.build(
+        lambda: _compiled(keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])), strategy
+    )
+    history = model.fit(data, epochs=3, verbose=0)
+    assert int(model.optimizer.iterations.numpy()) == 3 * 5  # no phantom step per epoch
+    assert len(history.history["loss"]) == 3
+
+
+def _compiled(model):
+    model.compile(optimizer="adam", loss="mse")
+    return model
+
+
+# class weights
+
+
+def test_class_weight_map_missing_is_named(monkeypatch):
+    from keras.src.trainers.data_adapters import tf_dataset_adapter
+
+    from mirrorkit import internals
+
+    monkeypatch.delattr(tf_dataset_adapter, "make_class_weight_map_fn")
+    with pytest.raises(internals.InternalChangedError, match="make_class_weight_map_fn"):
+        mk.distribute(
+            (np.ones((8, 2), "float32"), np.zeros(8, "int32")),
+            _strategy(2),
+            global_batch_size=4,
+            class_weight={0: 1.0, 1: 2.0},
+        )
+
+
+def test_class_weight_without_the_repair_is_keras_attribute_error():
+    import keras
+
+    from mirrorkit.compat import class_weight
+
+    strategy = _strategy(2)
+    model = mk.build(
+        lambda: _compiled(keras.Sequential([keras.Input((2,)), keras.layers.Dense(2)])), strategy
+    )
+    data = mk.distribute(
+        (np.ones((8, 2), "float32"), np.zeros(8, "int32")), strategy, global_batch_size=4
+    )
+    class_weight.REPAIR.remove()
+    try:
+        with pytest.raises(AttributeError, match="has no attribute 'map'"):
+            model.fit(data, class_weight={0: 1.0, 1: 2.0}, verbose=0)
+    finally:
+        class_weight.REPAIR.apply()

@@ -391,6 +391,8 @@ def _cases(tmp: pathlib.Path) -> dict[str, Callable[[], object]]:
         "data-batches-uneven-kept": _said(
             _distribute(_batched(8, 63), global_batch_size=None, drop_remainder=False)
         ),
+        "data-class-weight-type": _distribute(_xy(), class_weight=[1.0, 2.0]),
+        "data-class-weight-eval": _distribute(_xy(), for_eval=True, class_weight={0: 1.0}),
         "data-unknown-length": _said(_distribute(_filtered_batches(), global_batch_size=None)),
         "data-zip-of-batches": _said(_distribute(_zip_of_batches(), global_batch_size=16)),
         "data-maybe-batched": _said(_distribute(_hidden_batches(), global_batch_size=16)),

@@ -19,6 +19,7 @@ pairs it was tested on and the test that reproduces it.
 | ``agreed_stop_*`` | HybridBackend#88 | ``model.stop_training`` set on one worker only: the others hang |
 | ``shared_early_stopping``, ``shared_reduce_lr`` | HybridBackend#88 | ``EarlyStopping``/``ReduceLROnPlateau`` deciding on per-worker values |
 | ``chief_model_save*``, ``chief_model_export`` | none found (``docs/compat.md``) | ``model.save``/``export`` written by every worker |
+| ``class_weight`` | tensorflow#41290 | ``fit(class_weight=...)`` on an `mk.distribute` dataset |
 | optimizer state built by `mk.build` | keras#23085 | custom ``tf.function`` loops with Adam under a strategy |
 """  # noqa: E501
 
@@ -33,6 +34,7 @@ from mirrorkit.compat import (
     chief_files,
     chief_logs,
     chief_saves,
+    class_weight,
     gradient_accumulation,
     multi_worker_reduce,
     shared_monitor,
@@ -51,6 +53,7 @@ REPAIRS: tuple[Repair, ...] = (
     *agreed_stop.REPAIRS,
     *shared_monitor.REPAIRS,
     *chief_saves.REPAIRS,
+    class_weight.REPAIR,
 )
 
 

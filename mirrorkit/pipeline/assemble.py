@@ -15,7 +15,14 @@ from collections.abc import Callable
 import tensorflow as tf
 
 from mirrorkit import chief
-from mirrorkit.pipeline import batch_sizes, batched, epoch_order, sources, tfds_source
+from mirrorkit.pipeline import (
+    batch_sizes,
+    batched,
+    class_weights,
+    epoch_order,
+    sources,
+    tfds_source,
+)
 from mirrorkit.pipeline.options import SHARD_POLICIES, Options
 
 #: Fewest examples in the shuffle buffer of a streamed (not in-memory) source.
@@ -151,7 +158,8 @@ def kept_batches(
 def _distribute_global_batches(
     dataset: tf.data.Dataset, strategy: tf.distribute.Strategy, options: Options, workers: int
 ) -> tf.distribute.DistributedDataset:
-    """Prefetches and shards a pipeline of global batches; TensorFlow splits each batch."""
+    """Weights, prefetches and shards a pipeline of global batches; TensorFlow splits each."""
+    dataset = weigh_classes(dataset, options)
     if options.prefetch:
         dataset = dataset.prefetch(tf.data.AUTOTUNE)
     shard = "example" if options.shard == "auto" else options.shard
@@ -219,7 +227,7 @@ def per_worker_tfds(
         if options.preprocess is not None:
             dataset = dataset.map(options.preprocess, num_parallel_calls=tf.data.AUTOTUNE)
         dataset = dataset.batch(sizes.per_replica_batch_size, drop_remainder=True)
-        dataset = dataset.take(steps * local_replicas)
+        dataset = weigh_classes(dataset.take(steps * local_replicas), options)
         return dataset.prefetch(tf.data.AUTOTUNE) if options.prefetch else dataset
 
     distributed = strategy.distribute_datasets_from_function(worker_pipeline)
@@ -256,10 +264,18 @@ def from_function(
                 "with input_context.get_per_replica_batch_size(global_batch_size), or return "
                 "unbatched examples and let mk.distribute batch them."
             )
+        dataset = weigh_classes(dataset, options)
         return dataset.prefetch(tf.data.AUTOTUNE) if options.prefetch else dataset
 
     distributed = strategy.distribute_datasets_from_function(worker_pipeline)
     return describe(distributed, sizes, None, None, 0)
+
+
+def weigh_classes(dataset: tf.data.Dataset, options: Options) -> tf.data.Dataset:
+    """Adds each example's class weight as its sample weight, as Keras's fit does."""
+    if options.class_weight is None:
+        return dataset
+    return dataset.map(class_weights.weighting(options.class_weight))
 
 
 def say_dropped(
@@ -330,7 +346,7 @@ def say_unknown_length() -> None:
     chief.say_once(
         "unknown-length",
         "the number of batches in data is unknown (a filter, a generator, flat_map, ...): Keras "
-        "shows no total, runs each epoch until the data ends, and counts one step more than "
+        "shows no total, runs each epoch until the data ends, and can count a step more than "
         "there were (optimizer.iterations runs ahead). If you know the length, apply "
         "tf.data.experimental.assert_cardinality(n) to the dataset before mk.distribute; or "
         ".repeat() it and pass steps_per_epoch= to fit",

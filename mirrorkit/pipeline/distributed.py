@@ -38,6 +38,7 @@ def distribute(
     as_supervised: bool = True,
     preprocess: Callable[..., Any] | None = None,
     shuffle_buffer_size: int | None = None,
+    class_weight: dict[int, float] | None = None,
 ) -> tf.distribute.DistributedDataset:
     """Batches, shards and distributes `data` so each replica gets its own slice.
 
@@ -95,12 +96,19 @@ def distribute(
         shuffle_buffer_size: examples in the shuffle buffer; in-memory arrays
             are shuffled whole, streamed sources keep 8 global batches (at
             least 1,024; see `streaming_buffer`).
+        class_weight: ``{class id: weight}``: each ``(x, y)`` example gets
+            its class's weight as its sample weight, exactly as Keras's
+            ``fit(class_weight=...)`` does on one device (which cannot map a
+            distributed dataset). ``fit(mk.distribute(...), class_weight=...)``
+            comes here by itself (`mirrorkit.compat.class_weight`).
 
     Returns:
         TensorFlow's own distributed dataset, which ``fit``, ``evaluate`` and
         ``predict`` accept, with attributes ``global_batch_size``,
         ``per_replica_batch_size``, ``num_examples`` and ``steps_per_epoch``
-        (None when unknown) and ``dropped_per_epoch``.
+        (None when unknown) and ``dropped_per_epoch``, and
+        ``with_class_weight(class_weight)``, which makes the same input with
+        class weights.
 
     Raises:
         ValueError: both batch sizes or neither; a global size the replicas
@@ -130,6 +138,37 @@ def distribute(
     warnings.filterwarnings(
         "ignore", message="`shuffle=True` was passed, but will be ignored", category=UserWarning
     )
+    arguments = dict(locals())
+    made, seed = _distribute(**arguments)
+
+    def with_class_weight(weights: dict[int, float]) -> tf.distribute.DistributedDataset:
+        return distribute(**{**arguments, "seed": seed, "class_weight": weights})
+
+    made.with_class_weight = with_class_weight
+    return made
+
+
+def _distribute(
+    data: Any,
+    strategy: tf.distribute.Strategy | None,
+    *,
+    per_replica_batch_size: int | None,
+    global_batch_size: int | None,
+    shuffle: bool | None,
+    seed: int | None,
+    drop_remainder: bool | str,
+    shard: str,
+    cache: bool,
+    prefetch: bool,
+    for_eval: bool,
+    split: str | None,
+    data_dir: str | None,
+    as_supervised: bool,
+    preprocess: Callable[..., Any] | None,
+    shuffle_buffer_size: int | None,
+    class_weight: dict[int, float] | None,
+) -> tuple[tf.distribute.DistributedDataset, int | None]:
+    """`distribute`'s work; returns the dataset and the shuffle seed it used."""
     if strategy is None:
         strategy = registry.current_strategy()
     found = batched.find(data) if isinstance(data, tf.data.Dataset) else None
@@ -154,10 +193,11 @@ def distribute(
         prefetch,
         preprocess,
         shuffle_buffer_size,
+        class_weight,
     )
     if keep_batches:
         workers = workers_lib.num_workers(strategy)
-        return assemble.kept_batches(data, found, strategy, sizes, options, workers)
+        return assemble.kept_batches(data, found, strategy, sizes, options, workers), None
     workers = workers_lib.num_workers(strategy)
     announce = options.shuffle and seed is None  # said once the pipeline is made, not before
     if options.shuffle:
@@ -166,7 +206,7 @@ def distribute(
         tfds_split = tfds_source.open_split(data, split, data_dir, as_supervised)
         if assemble.reads_own_files(tfds_split, options, workers):
             made = assemble.per_worker_tfds(tfds_split, strategy, sizes, options, seed, workers)
-            return _say_seed(made, seed, announce)
+            return _say_seed(made, seed, announce), seed
         if workers > 1:
             chief.say_once(
                 "tfds-every-worker",
@@ -187,7 +227,7 @@ def distribute(
     elif sources.is_array_data(data):
         source = sources.from_arrays(data)
     elif callable(data):
-        return assemble.from_function(data, strategy, sizes, options)
+        return assemble.from_function(data, strategy, sizes, options), None
     else:
         raise TypeError(
             f"mk.distribute cannot read {_what(data)}. Pass an unbatched "
@@ -198,7 +238,7 @@ def distribute(
     made = assemble.global_pipeline(source, strategy, sizes, options, seed, workers)
     if made.epoch_order is not None:
         made.epoch_order.seed_drawn = announce
-    return _say_seed(made, seed, announce)
+    return _say_seed(made, seed, announce), seed
 
 
 def _own_batch(found: batched.Batching, num_replicas: int) -> batch_sizes.BatchSizes:

@@ -6,6 +6,8 @@ from typing import Any
 
 import tensorflow as tf
 
+from mirrorkit.pipeline import class_weights
+
 #: ``shard=`` values -> TensorFlow's auto-shard policies.
 SHARD_POLICIES = {
     "example": tf.data.experimental.AutoShardPolicy.DATA,
@@ -22,6 +24,7 @@ class Options:
             the resolved values (``drop`` is ``drop_remainder``, ``buffer``
             ``shuffle_buffer_size``).
         drop_auto: whether ``drop_remainder`` was left ``"auto"``.
+        class_weight: ``{class id: weight}`` or None.
     """
 
     def __init__(self, **kwargs: Any):
@@ -29,7 +32,16 @@ class Options:
 
     @classmethod
     def check(
-        cls, shuffle, drop_remainder, shard, for_eval, cache, prefetch, preprocess, buffer
+        cls,
+        shuffle,
+        drop_remainder,
+        shard,
+        for_eval,
+        cache,
+        prefetch,
+        preprocess,
+        buffer,
+        class_weight=None,
     ) -> Options:
         """Resolves the defaults; raises on a bad or contradictory value, naming it."""
         if shard not in ("auto", *SHARD_POLICIES):
@@ -62,4 +74,5 @@ class Options:
             prefetch=bool(prefetch),
             preprocess=preprocess,
             buffer=buffer,
+            class_weight=class_weights.check(class_weight, bool(for_eval)),
         )

@@ -108,7 +108,9 @@ def load(module: str, attr: str, *, used_for: str) -> Any:
     try:
         owner = importlib.import_module(module)
     except ImportError as error:
-        raise changed(f"{module}.{attr}", used_for, f"the module cannot be imported ({error})")
+        raise changed(
+            f"{module}.{attr}", used_for, f"the module cannot be imported ({error})"
+        ) from error
     return require(owner, attr, name=f"{module}.{attr}", used_for=used_for)
 
 

@@ -179,3 +179,65 @@ def test_resumable_says_a_drawn_seed_is_not_in_its_backup(tmp_path, monkeypatch,
     said = capfd.readouterr().err
     assert "resuming a shuffled input whose seed was drawn (seed=None)" in said, said
     assert "pass seed= to mk.distribute" in said
+
+
+class _OrdersRead(keras.callbacks.Callback):
+    """Records (epoch, the order epochs read in it) as each epoch ends."""
+
+    def __init__(self, data, read):
+        super().__init__()
+        self.data, self.read = data, read
+
+    def on_epoch_end(self, epoch, logs=None):
+        self.read.append((epoch, int(self.data.epoch_order.epoch.numpy()) - 1))
+
+
+@pytest.mark.slow
+def test_keras_own_backup_and_initial_epoch_resume_a_shuffled_input_in_its_orders(
+    tmp_path, monkeypatch, capfd
+):
+    from mirrorkit import chief
+
+    monkeypatch.setattr(chief, "_said", set())
+    reference = _train(2, [], shuffle=True, seed=3)
+    # fit(initial_epoch=1) in a new model, on a new dataset (a new process would do the same)
+    strategy = mk.strategy(cpu_replicas=2)
+    first = mk.build(lambda: make_model("sgd", 0.1), strategy)
+    first.fit(
+        mk.distribute(make_data(), strategy, global_batch_size=GLOBAL_BATCH, seed=3), verbose=0
+    )
+    later = mk.build(lambda: make_model("sgd", 0.1), strategy)
+    later.set_weights(first.get_weights())
+    data = mk.distribute(make_data(), strategy, global_batch_size=GLOBAL_BATCH, seed=3)
+    later.fit(data, epochs=EPOCHS, initial_epoch=1, verbose=0)
+    weights = np.concatenate([w.ravel() for w in later.get_weights()])
+    np.testing.assert_allclose(weights, reference, rtol=0, atol=1e-6)
+    # Keras's own BackupAndRestore backing up every 3 steps: the resumed epoch reads its own
+    # order; Keras redoes its first steps, which is said once, with the fix
+    backup, read = str(tmp_path / "steps"), []
+    with pytest.raises(RuntimeError, match="on purpose"):
+        _train(
+            2,
+            [
+                lambda d: keras.callbacks.BackupAndRestore(backup, save_freq=3),
+                lambda d: _FailAt(1, 3),
+            ],
+            shuffle=True,
+            seed=3,
+        )
+    capfd.readouterr()
+    _train(
+        2,
+        [
+            lambda d: keras.callbacks.BackupAndRestore(backup, save_freq=3),
+            lambda d: _FailAt(0, 0),  # raises unless this run resumes past epoch 1
+            lambda d: _OrdersRead(d, read),
+        ],
+        shuffle=True,
+        seed=3,
+    )
+    assert read == [(1, 1), (2, 2)], read
+    said = capfd.readouterr().err
+    assert "resuming from keras.callbacks.BackupAndRestore(save_freq=3)" in said, said
+    assert "back up at each epoch's end (save_freq='epoch', as mk.resumable does)" in said
+    assert said.count("BackupAndRestore(save_freq=3)") == 1

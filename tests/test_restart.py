@@ -4,6 +4,10 @@ Two real 2-worker jobs under `mirrorkit launch`, each training with
 `mk.resumable(dir)` (Keras's own BackupAndRestore, set up by mirrorkit):
 
 - worker 1 SIGKILLs itself in the middle of epoch 2 of 4;
+- the same with Keras's own ``keras.callbacks.BackupAndRestore(dir)`` (the
+  pattern of TensorFlow's "Multi-worker training with Keras" tutorial) and a
+  shuffled input (``seed=0``), killed in epoch 3: the resumed epochs see the
+  orders of the uninterrupted run;
 - the chief (the one worker that writes the backup) is SIGKILLed half-way
   through writing the backup at the end of epoch 2, leaving a torn
   ``latest.weights.h5`` (``double_checkpoint`` keeps the previous one).
@@ -45,7 +49,10 @@ _SCRIPT = """
     strategy = mk.strategy()
     rank = mk.describe(strategy).worker_index
     model = mk.build(lambda: make_model("sgd", 0.1), strategy)
-    data = mk.distribute(make_data(), strategy, global_batch_size=GLOBAL_BATCH, shuffle=False)
+    tutorial = mode == "tutorial"  # Keras's own BackupAndRestore, shuffled input
+    shuffle = dict(seed=0) if tutorial else dict(shuffle=False)
+    data = mk.distribute(make_data(), strategy, global_batch_size=GLOBAL_BATCH, **shuffle)
+    backups = [keras.callbacks.BackupAndRestore(backup) if tutorial else mk.resumable(backup)]
     first = attempt == 0
 
     if mode == "torn" and first and rank == 0:
@@ -69,11 +76,12 @@ _SCRIPT = """
             print(f"RAN epoch {{epoch + 1}} attempt {{attempt}} worker {{rank}}", flush=True)
 
         def on_train_batch_begin(self, batch, logs=None):
-            if mode == "kill" and first and rank == 1 and self.epoch == 1 and batch == 2:
-                print("KILLING worker 1 in epoch 2", flush=True)
+            kill_in = {{"kill": 1, "tutorial": 2}}.get(mode)
+            if first and rank == 1 and self.epoch == kill_in and batch == 2:
+                print(f"KILLING worker 1 in epoch {{kill_in + 1}}", flush=True)
                 os.kill(os.getpid(), signal.SIGKILL)
 
-    model.fit(data, epochs=4, verbose=0, callbacks=[mk.resumable(backup), Events()])
+    model.fit(data, epochs=4, verbose=0, callbacks=backups + [Events()])
     if mk.is_chief():
         np.save(out, np.concatenate([w.ravel() for w in model.get_weights()]))
 """
@@ -96,17 +104,23 @@ def _launch(tmp_path, mode, *flags):
     return done, out
 
 
-@pytest.fixture(scope="module")
-def uninterrupted():
+def _reference(shuffle):
     """The uninterrupted run's weights, on 2 CPU replicas in this process."""
     import mirrorkit as mk
     from tests._training import GLOBAL_BATCH, make_data, make_model
 
     strategy = mk.strategy(cpu_replicas=2)
     model = mk.build(lambda: make_model("sgd", 0.1), strategy)
-    data = mk.distribute(make_data(), strategy, global_batch_size=GLOBAL_BATCH, shuffle=False)
+    order = dict(seed=0) if shuffle else dict(shuffle=False)
+    data = mk.distribute(make_data(), strategy, global_batch_size=GLOBAL_BATCH, **order)
     model.fit(data, epochs=4, verbose=0)
     return np.concatenate([w.ravel() for w in model.get_weights()])
+
+
+@pytest.fixture(scope="module")
+def uninterrupted():
+    """The uninterrupted run's weights (input in order), on 2 CPU replicas in this process."""
+    return _reference(shuffle=False)
 
 
 @pytest.mark.slow
@@ -126,6 +140,21 @@ def test_killed_worker_restarts_the_job_which_ends_equal_to_an_uninterrupted_run
     # resumed from the backup at the end of epoch 1: epoch 2 redone, epoch 1 not
     assert "RAN epoch 2 attempt 1 worker 0" in log and "RAN epoch 1 attempt 1" not in log
     np.testing.assert_allclose(np.load(out), uninterrupted, rtol=0, atol=1e-6)
+
+
+@pytest.mark.slow
+def test_the_tutorials_keras_backup_resumes_a_shuffled_input_in_its_uninterrupted_orders(
+    tmp_path,
+):
+    """TensorFlow's multi-worker tutorial: keras.callbacks.BackupAndRestore, not mk.resumable."""
+    done, out = _launch(tmp_path, "tutorial", "--max-restarts", "2")
+    log = done.stdout + done.stderr
+    assert done.returncode == 0, log[-4000:]
+    assert "KILLING worker 1 in epoch 3" in log
+    assert "the job finished after 1 restart(s)" in log, log[-4000:]
+    # resumed from Keras's backup at the end of epoch 2: epoch 3 redone, epoch 2 not
+    assert "RAN epoch 3 attempt 1 worker 0" in log and "RAN epoch 2 attempt 1" not in log
+    np.testing.assert_allclose(np.load(out), _reference(shuffle=True), rtol=0, atol=1e-6)
 
 
 @pytest.mark.slow

@@ -21,13 +21,13 @@ moment between writing the weights and writing the small metadata file
 (``training_metadata.json``) leaves the new weights with the old epoch.
 
 Shuffled input: `mk.distribute` shuffles in-memory arrays in an order drawn
-from (seed, epoch) (`mirrorkit.pipeline.epoch_order`), and this callback sets
-Keras's epoch on it at each ``on_epoch_begin``, so a resumed run sees the
-uninterrupted run's orders, as long as the seed is the same: the backup does
-not hold it, so a drawn seed (``seed=None``) is said on resume (pass
-``seed=`` to `mk.distribute`). A shuffled stream (a tf.data pipeline, tfds
-files) draws new orders on resume: said once; ``shuffle=False`` keeps its
-order.
+from (seed, epoch) (`mirrorkit.pipeline.epoch_order`), and every ``fit``
+sets Keras's epoch on it as that epoch begins (with this callback or Keras's
+own ``BackupAndRestore``), so a resumed run sees the uninterrupted run's
+orders, as long as the seed is the same: the backup does not hold it, so a
+drawn seed (``seed=None``) is said on resume (pass ``seed=`` to
+`mk.distribute`). A shuffled stream (a tf.data pipeline, tfds files) draws
+new orders on resume: said once; ``shuffle=False`` keeps its order.
 """
 
 from __future__ import annotations
@@ -38,7 +38,6 @@ import keras
 
 from mirrorkit import chief
 from mirrorkit.faults import progress
-from mirrorkit.pipeline import epoch_order
 
 
 def resumable(backup_dir: str) -> keras.callbacks.BackupAndRestore:
@@ -72,41 +71,10 @@ def resumable(backup_dir: str) -> keras.callbacks.BackupAndRestore:
     callback = keras.callbacks.BackupAndRestore(
         str(backup_dir), save_freq="epoch", double_checkpoint=True
     )
-    _replay_orders(callback)
     path = os.environ.get(progress.ENV)
     if path and chief.is_chief():
         _record_progress(callback, path)
     return callback
-
-
-def _replay_orders(callback: keras.callbacks.BackupAndRestore) -> None:
-    """Makes `callback` set Keras's epoch on the shuffled orders; says what a resume can't replay.
-
-    The orders are those of every live shuffled in-memory `mk.distribute`
-    dataset (the callback is not given the dataset); the hooks are added on
-    this instance (its class is unchanged).
-    """
-    restore = callback.on_train_begin
-    begin = callback.on_epoch_begin
-
-    def on_train_begin(logs=None):
-        restore(logs)
-        if getattr(callback.model, "_initial_epoch", None):  # resumed from a backup
-            epoch_order.say_if_not_replayed()
-            if any(order.seed_drawn for order in epoch_order.orders()):
-                chief.say_once(
-                    "resume-drawn-seed",
-                    "resuming a shuffled input whose seed was drawn (seed=None): the backup "
-                    "does not hold it, so the resumed epochs see other orders than an "
-                    "uninterrupted run; pass seed= to mk.distribute to replay them",
-                )
-
-    def on_epoch_begin(epoch, logs=None):
-        begin(epoch, logs)
-        epoch_order.begin_epoch(epoch)
-
-    callback.on_train_begin = on_train_begin
-    callback.on_epoch_begin = on_epoch_begin
 
 
 def _record_progress(callback: keras.callbacks.BackupAndRestore, path: str) -> None:

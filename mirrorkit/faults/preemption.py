@@ -48,6 +48,7 @@ from mirrorkit.pipeline import epoch_order
 
 __all__ = ["EXIT_STATUS", "PreemptionCheckpoint", "Preempted", "local_workers"]
 
+
 class PreemptionCheckpoint(keras.callbacks.Callback):
     """Saves a checkpoint at one step boundary on SIGTERM and resumes from it at that step.
 
@@ -144,6 +145,8 @@ class PreemptionCheckpoint(keras.callbacks.Callback):
             return
         epoch, step = int(self._epoch.numpy()), int(self._step.numpy())
         epoch_order.say_if_not_replayed(self._data)
+        if carried is not None:
+            carried.seed_drawn = False  # the checkpoint's seed: the interrupted run's
         if carried is not None and int(carried.seed.numpy()) != seed:
             chief.say_once(
                 "preempt-shuffle-seed",

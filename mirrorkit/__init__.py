@@ -36,6 +36,7 @@ _PUBLIC = {
     "scale_learning_rate": "mirrorkit.scale.lr",
     "WarmUp": "mirrorkit.scale.lr",
     "check_equivalence": "mirrorkit.scale.equivalence",
+    "unscale_loss": "mirrorkit.scale.custom_step",
     "EquivalenceReport": "mirrorkit.scale.equivalence_report",
     "plan_memory": "mirrorkit.scale.memory",
     "flags": "mirrorkit.flags",

@@ -69,6 +69,40 @@ def custom_step_model():
     return model
 
 
+class GuideStep(keras.Sequential):
+    """The train_step of the keras.io guide "Customizing what happens in fit()"."""
+
+    unscale = False
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.loss_tracker = keras.metrics.Mean(name="loss")
+
+    def train_step(self, data):
+        x, y = data
+        with tf.GradientTape() as tape:
+            y_pred = self(x, training=True)
+            loss = self.compute_loss(y=y, y_pred=y_pred)
+        grads = tape.gradient(loss, self.trainable_variables)
+        self.optimizer.apply(grads, self.trainable_variables)
+        self.loss_tracker.update_state(mk.unscale_loss(loss) if self.unscale else loss)
+        return {"loss": self.loss_tracker.result()}
+
+    @property
+    def metrics(self):
+        return [self.loss_tracker]
+
+
+class UnscaledGuideStep(GuideStep):
+    unscale = True
+
+
+def guide_step_model(cls=GuideStep):
+    model = cls(_layers())
+    model.compile(optimizer=keras.optimizers.SGD(0.1), loss="mse")
+    return model
+
+
 class UnseededNoise(keras.layers.Layer):
     def call(self, x, training=None):
         return x + tf.random.uniform(tf.shape(x), maxval=0.1)  # no seed: differs every run
@@ -125,6 +159,34 @@ def test_a_planted_cause_fails_and_is_named(model_fn, named):
     assert not report.passed
     assert any(named in cause for cause in report.causes), str(report)
     assert "equivalence FAILED" in str(report) and named in str(report)
+
+
+@pytest.mark.slow
+def test_a_guide_train_step_logging_the_scaled_loss_is_named():
+    report = mk.check_equivalence(guide_step_model, (X, Y), **CHECK)
+    assert report.largest(2) < 1e-5, str(report)  # the weights agree
+    assert not report.passed and set(report.log_differences[2]) == {"loss"}
+    assert any("GuideStep.train_step logs 'loss'" in c for c in report.causes), str(report)
+    assert "mk.unscale_loss(loss)" in str(report)
+
+
+def test_unscale_loss_logs_what_keras_own_step_logs_and_the_guide_step_is_told(capfd):
+    strategy = mk.strategy(cpu_replicas=2)
+    data = mk.distribute((X, Y), strategy, global_batch_size=16, shuffle=False)
+    logged = {}
+    for name, make in (
+        ("keras", clean_model),
+        ("guide", guide_step_model),
+        ("unscaled", lambda: guide_step_model(UnscaledGuideStep)),
+    ):
+        keras.utils.set_random_seed(0)
+        model = mk.build(make, strategy)
+        logged[name] = model.fit(data, epochs=1, verbose=0).history["loss"][0]
+    assert logged["unscaled"] == pytest.approx(logged["keras"], rel=1e-5)
+    assert logged["guide"] == pytest.approx(logged["keras"] / 2, rel=1e-5)
+    err = capfd.readouterr().err
+    assert "GuideStep overrides train_step: under 2 replicas" in err
+    assert "mk.unscale_loss(loss)" in err
 
 
 @pytest.mark.parametrize(

@@ -20,6 +20,7 @@ pairs it was tested on and the test that reproduces it.
 | ``shared_early_stopping``, ``shared_reduce_lr`` | HybridBackend#88 | ``EarlyStopping``/``ReduceLROnPlateau`` deciding on per-worker values |
 | ``chief_model_save*``, ``chief_model_export`` | none found (``docs/compat.md``) | ``model.save``/``export`` written by every worker |
 | ``class_weight`` | tensorflow#41290 | ``fit(class_weight=...)`` on an `mk.distribute` dataset |
+| ``custom_train_step_notice`` | keras.io guide | (says once) a custom ``train_step`` logging the loss it is handed reads 1/N |
 | optimizer state built by `mk.build` | keras#23085 | custom ``tf.function`` loops with Adam under a strategy |
 """  # noqa: E501
 
@@ -35,6 +36,7 @@ from mirrorkit.compat import (
     chief_logs,
     chief_saves,
     class_weight,
+    custom_train_step,
     gradient_accumulation,
     multi_worker_reduce,
     shared_monitor,
@@ -54,6 +56,7 @@ REPAIRS: tuple[Repair, ...] = (
     *shared_monitor.REPAIRS,
     *chief_saves.REPAIRS,
     class_weight.REPAIR,
+    custom_train_step.REPAIR,
 )
 
 

@@ -41,6 +41,9 @@ def check_equivalence(
     normalisation without synchronisation, a loss summed rather than averaged
     over the global batch (``reduction="sum"``), a custom ``train_step``
     (which must average over the global batch), and non-deterministic ops.
+    The values ``fit`` logs last (loss, metrics) are compared too: a custom
+    ``train_step`` that logs the loss Keras handed it reads 1/N of one
+    device's under N replicas, and the report names it (`mk.unscale_loss`).
 
     Args:
         model_fn: a function of no arguments returning a compiled `keras.Model`
@@ -88,10 +91,19 @@ def check_equivalence(
     }
     differences = {n: _per_layer(runs[n]["weights"], first["weights"]) for n in others}
     rerun = max(_per_layer(first["rerun"], first["weights"]).values(), default=0.0)
-    passed = rerun <= tolerance and all(
+    logs = {n: _logs_differing(runs[n]["logs"], first["logs"], tolerance) for n in others}
+    logs = {n: differing for n, differing in logs.items() if differing}
+    weights_agree = rerun <= tolerance and all(
         max(layers.values(), default=0.0) <= tolerance for layers in differences.values()
     )
-    causes = [] if passed else _causes(first["suspects"], rerun, tolerance, reference)
+    passed = weights_agree and not logs
+    causes = [] if weights_agree else _causes(first["suspects"], rerun, tolerance, reference)
+    causes += _scaled_log_causes(first["suspects"], runs, first["logs"], logs, reference)
+    if logs and weights_agree and not causes:
+        causes.append(
+            "the weights agree but logged values differ: a custom train_step or metric logs "
+            "per-replica values (e.g. a loss Keras scaled by 1/N; log mk.unscale_loss(loss))"
+        )
     return EquivalenceReport(
         passed=passed,
         reference=reference,
@@ -102,6 +114,7 @@ def check_equivalence(
         differences=differences,
         rerun_difference=rerun,
         causes=causes,
+        log_differences=logs,
     )
 
 
@@ -185,17 +198,23 @@ def _train_here(pickled_model_fn, x, y, replicas, steps, batch_size, initial) ->
         model.set_weights(initial)
         data = tf.data.Dataset.from_tensor_slices((x, y)).repeat()
         data = data.batch(batch_size, drop_remainder=True).take(steps)
-        model.fit(data, epochs=1, verbose=0)
+        history = model.fit(data, epochs=1, verbose=0)
+        logs = {name: float(values[-1]) for name, values in history.history.items()}
         weights = [
             (v.path, np.array(w))
             for v, w in zip(model.weights, model.get_weights(), strict=True)
             if "seed_generator" not in v.path
         ]
-        return model, initial, weights
+        return model, initial, weights, logs
 
     reference = initial is None
-    model, initial, weights = run(initial)
-    result = {"initial": initial, "weights": weights, "suspects": suspects.find(model)}
+    model, initial, weights, logs = run(initial)
+    result = {
+        "initial": initial,
+        "weights": weights,
+        "logs": logs,
+        "suspects": suspects.find(model),
+    }
     if reference:  # the same run again: does the model differ from itself?
         result["rerun"] = run(initial)[2]
     return result
@@ -216,6 +235,42 @@ def _per_layer(got: list, want: list) -> dict[str, float]:
         diff = float(np.max(np.abs(value - expected))) if expected.size else 0.0
         layers[layer] = max(layers.get(layer, 0.0), diff)
     return layers
+
+
+def _logs_differing(got: dict, want: dict, tolerance: float) -> dict[str, float]:
+    """The logged values (loss, metrics) that differ by more than `tolerance`, relatively."""
+    differing = {}
+    for name, expected in want.items():
+        value = got.get(name)
+        if value is None:
+            continue
+        diff = abs(value - expected) / max(1.0, abs(expected))
+        if diff > tolerance:
+            differing[name] = diff
+    return differing
+
+
+def _scaled_log_causes(
+    found: dict, runs: dict, reference_logs: dict, differing: dict, reference: int
+) -> list[str]:
+    """Names a custom train_step whose logged values read 1/N of the reference's."""
+    causes = []
+    for n, names in differing.items():
+        scaled = [
+            name
+            for name in names
+            if reference_logs[name]
+            and abs(runs[n]["logs"][name] * n / reference - reference_logs[name])
+            <= 1e-3 * abs(reference_logs[name])
+        ]
+        if scaled and found["train_step"]:
+            causes.append(
+                f"{found['train_step']}.train_step logs {', '.join(map(repr, scaled))} as Keras's "
+                f"loss hands it under {n} replicas: divided by {n} (the weights are unaffected). "
+                "Log mk.unscale_loss(loss), e.g. self.loss_tracker.update_state("
+                "mk.unscale_loss(loss))"
+            )
+    return causes
 
 
 def _causes(found: dict, rerun: float, tolerance: float, reference: int) -> list[str]:

@@ -25,6 +25,10 @@ class EquivalenceReport:
             reference from the same weights and batches (non-determinism).
         causes: the recognised causes of a difference, one line each (empty
             when it passed).
+        log_differences: ``log_differences[n][name]``: the relative difference
+            between the last logged value ``name`` (the loss, each metric)
+            on ``n`` replicas and on the reference, for the values that
+            differ by more than `tolerance` (empty when every log agrees).
     """
 
     passed: bool
@@ -36,6 +40,7 @@ class EquivalenceReport:
     differences: dict[int, dict[str, float]]
     rerun_difference: float
     causes: list[str]
+    log_differences: dict[int, dict[str, float]] = dataclasses.field(default_factory=dict)
 
     def largest(self, replicas: int) -> float:
         """The largest difference over every layer for one replica count."""
@@ -57,6 +62,12 @@ class EquivalenceReport:
             for layer, diff in layers.items():
                 flag = "" if diff <= self.tolerance else "  <-"
                 lines.append(f"    {layer:<32} {diff:.3g}{flag}")
+        for n, logs in self.log_differences.items():
+            for name, diff in logs.items():
+                lines.append(
+                    f"  {n} replicas vs {self.reference}: logged {name!r} differs by "
+                    f"{diff:.3g} (relative)  <-"
+                )
         if self.causes:
             lines.append("  likely causes:")
             lines.extend(f"  - {cause}" for cause in self.causes)

@@ -14,6 +14,7 @@ from typing import Any
 import keras
 
 from mirrorkit.scale.batchnorm import all_layers, unsynchronized_batch_norm
+from mirrorkit.scale.custom_step import custom_train_step
 
 
 def find(model: keras.Model) -> dict[str, Any]:
@@ -38,7 +39,7 @@ def find(model: keras.Model) -> dict[str, Any]:
         "random": random,
         "batch_norm": unsynchronized_batch_norm(model),
         "loss_reduction": _summed_reduction(getattr(model, "loss", None)),
-        "train_step": _custom_train_step(model),
+        "train_step": custom_train_step(model),
     }
 
 
@@ -76,11 +77,4 @@ def _summed_reduction(loss: Any) -> str | None:
     reduction = getattr(loss, "reduction", None)
     if reduction in ("sum", "none", None):
         return reduction
-    return None
-
-
-def _custom_train_step(model: keras.Model) -> str | None:
-    for cls in type(model).__mro__:
-        if "train_step" in vars(cls):
-            return None if cls.__module__.startswith("keras.") else cls.__name__
     return None

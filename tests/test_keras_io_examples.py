@@ -1,0 +1,77 @@
+"""keras.io examples converted to mirrorkit train as the unconverted example does on one device.
+
+Each example in ``tests/keras_io/`` (issue 18, item 6) runs twice, deterministically: as the
+keras.io code on one device, and converted to mirrorkit on 2 CPU replicas. Every example of
+one placement runs in one fresh process (TensorFlow starts once per placement), the two
+placements at the same time; each example's comparison is its own test. Loss and metric
+history, final weights, ``optimizer.iterations`` and any evaluation must agree within 1e-5.
+The count of lines each conversion changed is checked against what its header states.
+"""
+
+from __future__ import annotations
+
+import os
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import pytest
+from keras_io import EXAMPLES, changed_lines, load, run_all, write_all
+
+from mirrorkit.launcher.processes import run_function
+
+TOLERANCE = 1e-5
+REPLICAS = 2
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """(one device, 2 replicas): example name -> outcome, each placement in a fresh process."""
+    workdirs = {}
+    for placement in ("one_device", "replicas"):
+        workdirs[placement] = str(tmp_path_factory.mktemp(f"keras_io_{placement}"))
+        write_all(workdirs[placement])  # the same stand-in data twice; checkpoints kept apart
+    with ThreadPoolExecutor(2) as pool:
+        one = pool.submit(run_function, run_all, (workdirs["one_device"], None), timeout_s=900)
+        two = pool.submit(run_function, run_all, (workdirs["replicas"], REPLICAS), timeout_s=900)
+        return one.result()[0], two.result()[0]
+
+
+def _close(what, expected, got):
+    expected, got = np.asarray(expected, dtype="float64"), np.asarray(got, dtype="float64")
+    assert expected.shape == got.shape, f"{what}: shape {got.shape}, one device {expected.shape}"
+    diff = float(np.max(np.abs(expected - got))) if expected.size else 0.0
+    assert diff <= TOLERANCE, (
+        f"{what} differs from one device by {diff:.3g} (tolerance {TOLERANCE}): "
+        f"{got.tolist() if got.size < 20 else ''} vs {expected.tolist() if got.size < 20 else ''}"
+    )
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", EXAMPLES)
+def test_two_replicas_train_as_one_device(runs, name):
+    one, two = runs[0][name], runs[1][name]
+    assert "error" not in one, f"the unconverted example failed:\n{one.get('error')}"
+    assert "error" not in two, f"the example on {REPLICAS} replicas failed:\n{two.get('error')}"
+    assert two["iterations"] == one["iterations"], "optimizer.iterations"
+    assert sorted(two["history"]) == sorted(one["history"]), "History keys"
+    for key, values in one["history"].items():
+        _close(f"History[{key!r}]", values, two["history"][key])
+    assert len(two["weights"]) == len(one["weights"])
+    for i, (expected, got) in enumerate(zip(one["weights"], two["weights"], strict=True)):
+        _close(f"weight {i} of {len(one['weights'])}", expected, got)
+    for key in sorted(set(one) - {"history", "weights", "iterations"}):
+        _close(key, one[key], two[key])
+
+
+@pytest.mark.parametrize("name", EXAMPLES)
+def test_lines_changed_as_stated(name):
+    module = load(name)
+    assert changed_lines(module) == module.LINES_CHANGED
+    header = open(module.__file__).read().split("\n\n")[0]
+    assert "https://keras.io/examples/" in header and "Changed for mirrorkit" in header
+
+
+def test_every_example_is_listed():
+    here = os.path.join(os.path.dirname(__file__), "keras_io")
+    found = {f[:-3] for f in os.listdir(here) if f.endswith(".py") and not f.startswith("_")}
+    assert found == set(EXAMPLES)

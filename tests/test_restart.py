@@ -37,7 +37,7 @@ from mirrorkit.launcher.processes import WorkerError
 TESTS = str(Path(__file__).parent)
 
 _SCRIPT = """
-    import os, signal, sys
+    import os, shutil, signal, sys
     sys.path.insert(0, {tests!r})
     import keras
     import numpy as np
@@ -69,6 +69,43 @@ _SCRIPT = """
                 os.kill(os.getpid(), signal.SIGKILL)
 
         model.save_weights = save_weights
+
+    if mode == "pair" and rank == 0 and attempt < 3:
+        # the chief dies at its 2nd backup of each of the first three attempts, each time at
+        # another point of the write: between the weights and the epoch; while keeping the
+        # previous pair (its weights copied, not its epoch); the epoch written, not renamed
+        from mirrorkit.faults import backup_pair
+
+        point, saves = ("between", "previous", "metadata")[attempt], []
+
+        def die(where):
+            print(f"KILLING the chief {{where}} (attempt {{attempt}})", flush=True)
+            os.kill(os.getpid(), signal.SIGKILL)
+
+        save, keep = model.save_weights, backup_pair.keep_previous
+        write = backup_pair.write_metadata
+
+        def save_weights(filepath, *args, **kwargs):
+            saves.append(filepath)
+            save(filepath, *args, **kwargs)
+            if point == "between" and len(saves) == 2:
+                die("between the weights and the epoch")
+
+        def keep_previous(weights, metadata):
+            if point == "previous" and len(saves) == 1:  # the 2nd save keeps the 1st pair
+                shutil.copyfile(weights, weights + ".bkp")
+                die("while keeping the previous pair")
+            keep(weights, metadata)
+
+        def write_metadata(metadata, record):
+            if point == "metadata" and len(saves) == 2:
+                with open(metadata + ".tmp", "w") as f:
+                    f.write(str(record))
+                die("before the epoch's file is renamed into place")
+            write(metadata, record)
+
+        model.save_weights = save_weights
+        backup_pair.keep_previous, backup_pair.write_metadata = keep_previous, write_metadata
 
     class Events(keras.callbacks.Callback):
         def on_epoch_begin(self, epoch, logs=None):
@@ -155,6 +192,32 @@ def test_the_tutorials_keras_backup_resumes_a_shuffled_input_in_its_uninterrupte
     # resumed from Keras's backup at the end of epoch 2: epoch 3 redone, epoch 2 not
     assert "RAN epoch 3 attempt 1 worker 0" in log and "RAN epoch 2 attempt 1" not in log
     np.testing.assert_allclose(np.load(out), _reference(shuffle=True), rtol=0, atol=1e-6)
+
+
+@pytest.mark.slow
+def test_chief_killed_at_each_point_of_its_backup_write_resumes_from_a_whole_pair(
+    tmp_path, uninterrupted
+):
+    """mk.resumable writes weights and epoch as one pair: no kill leaves new weights, old epoch."""
+    done, out = _launch(tmp_path, "pair", "--max-restarts", "3")
+    log = done.stdout + done.stderr
+    assert done.returncode == 0, log[-4000:]
+    assert "KILLING the chief between the weights and the epoch (attempt 0)" in log
+    np.testing.assert_allclose(np.load(out), uninterrupted, rtol=0, atol=1e-6)
+    for where in (
+        "between the weights and the epoch (attempt 0)",
+        "while keeping the previous pair (attempt 1)",
+        "before the epoch's file is renamed into place (attempt 2)",
+    ):
+        assert f"KILLING the chief {where}" in log, log[-4000:]
+    assert "the job finished after 3 restart(s)" in log, log[-4000:]
+    # each resumes from the last whole pair: epoch 2 after the 1st kill (the latest pair cut
+    # short), epoch 3 after the 2nd (the latest pair whole), epoch 4 after the 3rd (cut short)
+    for attempt, epoch in ((1, 2), (2, 3), (3, 4)):
+        assert f"RAN epoch {epoch} attempt {attempt} worker 0" in log, log[-4000:]
+        assert f"RAN epoch {epoch - 1} attempt {attempt}" not in log, log[-4000:]
+    said = "was cut short (its weights and epoch do not match): resuming from the previous one"
+    assert said in log, log[-4000:]
 
 
 @pytest.mark.slow
@@ -271,3 +334,35 @@ def test_launch_refuses_negative_max_restarts(tmp_path):
     )
     assert done.returncode == 2
     assert "--max-restarts -1 must be >= 0" in done.stderr
+
+
+def test_backup_pair_without_a_keras_backup_internal_is_named(tmp_path):
+    import keras
+
+    from mirrorkit.faults import backup_pair
+    from mirrorkit.internals import InternalChangedError
+
+    callback = keras.callbacks.BackupAndRestore(str(tmp_path / "b"))
+    del callback._training_metadata_path
+    with pytest.raises(InternalChangedError, match="BackupAndRestore._training_metadata_path"):
+        backup_pair.make_atomic(callback)
+
+
+def test_backup_pair_chooses_the_latest_whole_pair(tmp_path):
+    from mirrorkit.faults import backup_pair
+
+    weights, metadata = str(tmp_path / "latest.weights.h5"), str(tmp_path / "m.json")
+    assert backup_pair.choose(weights, metadata) == (weights, metadata)  # nothing: fresh
+    (tmp_path / "latest.weights.h5").write_bytes(b"epoch 2")
+    backup_pair.write_metadata(
+        metadata, {"epoch": 2, "weights_sha256": backup_pair.digest(weights)}
+    )
+    assert backup_pair.check(weights, metadata) == "whole"
+    backup_pair.keep_previous(weights, metadata)
+    (tmp_path / "latest.weights.h5").write_bytes(b"epoch 3")  # killed before its epoch
+    assert backup_pair.check(weights, metadata) == "cut short"
+    assert backup_pair.choose(weights, metadata) == (f"{weights}.bkp", f"{metadata}.bkp")
+    (tmp_path / "m.json").write_text('{"epoch": 3')  # a torn file (plain Keras wrote in place)
+    assert backup_pair.check(weights, metadata) == "cut short"
+    (tmp_path / "m.json").write_text('{"epoch": 3}')  # plain Keras's: no digest, trusted
+    assert backup_pair.check(weights, metadata) == "trusted"

@@ -6,19 +6,20 @@ What it sets, so that a user need not know it:
   backup taken mid-epoch (``save_freq=N``) resumes that epoch from its first
   step with the weights of its middle: steps trained twice, a different
   result. A backup at each epoch's end resumes exactly.
-- ``double_checkpoint=True``: the previous backup is kept, and a backup whose
-  write was cut short (a worker killed while saving) cannot be read, so Keras
-  restores the previous one (tested: a worker SIGKILLed half-way through
-  writing ``latest.weights.h5`` resumes from the epoch before).
+- ``double_checkpoint=True``, and the weights and epoch written and checked
+  as one pair (`mirrorkit.faults.backup_pair`): the previous pair is kept,
+  and a backup whose write was cut short (the chief killed at any point of
+  it, between the two files included) resumes from the previous pair
+  (tested: the chief SIGKILLed half-way through the weights, between the
+  weights and the epoch, while keeping the previous pair, and before the
+  epoch's file is renamed into place).
 - under `mirrorkit launch` (``MIRRORKIT_PROGRESS`` set), the chief records
   the epoch and step it is on, so that the launcher's restart line names
   where the job failed and how many steps are redone.
 
 In a multi-worker job only the chief writes the backup (`mirrorkit.compat`'s
 chief-only repair) and every worker restores it, so the directory must be on
-storage every worker sees. What Keras does not close: a worker killed in the
-moment between writing the weights and writing the small metadata file
-(``training_metadata.json``) leaves the new weights with the old epoch.
+storage every worker sees.
 
 Shuffled input: `mk.distribute` shuffles in-memory arrays in an order drawn
 from (seed, epoch) (`mirrorkit.pipeline.epoch_order`), and every ``fit``
@@ -37,7 +38,7 @@ import os
 import keras
 
 from mirrorkit import chief
-from mirrorkit.faults import progress
+from mirrorkit.faults import backup_pair, progress
 
 
 def resumable(backup_dir: str) -> keras.callbacks.BackupAndRestore:
@@ -71,6 +72,7 @@ def resumable(backup_dir: str) -> keras.callbacks.BackupAndRestore:
     callback = keras.callbacks.BackupAndRestore(
         str(backup_dir), save_freq="epoch", double_checkpoint=True
     )
+    backup_pair.make_atomic(callback)
     path = os.environ.get(progress.ENV)
     if path and chief.is_chief():
         _record_progress(callback, path)

@@ -1,0 +1,166 @@
+"""The `mk.resumable` backup's weights and epoch, written and verified as one.
+
+Keras's `BackupAndRestore` writes two files in turn: the weights
+(``latest.weights.h5``) and then the epoch (``training_metadata.json``),
+after copying both to ``.bkp`` (``double_checkpoint``). A process killed
+between the two left new weights with the old epoch, which Keras resumed (an
+epoch trained twice); one killed in the middle of the metadata left a file
+Keras could not parse. Here the chief writes the weights, then the epoch with
+the SHA-256 of those weights (to a side file, renamed over the old one, so it
+is whole or absent), and keeps the previous pair only when it is itself
+whole. On restore every worker checks the pair before Keras reads it: the
+latest if its weights match its digest, else the previous one, else none (a
+fresh start), said once. A pair written by plain Keras (no digest) is
+trusted as Keras trusts it.
+
+The backup directory is a file system path (local, or shared by every
+worker); the weights file is read back once per backup to fingerprint it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+
+import keras
+
+from mirrorkit import chief, internals
+
+DIGEST = "weights_sha256"  # the metadata's key for its weights' digest
+_INTERNALS = (
+    "_weights_path",
+    "_training_metadata_path",
+    "_save_model",
+    "_current_epoch",
+    "_last_batch_seen",
+)
+
+
+def make_atomic(callback: keras.callbacks.BackupAndRestore) -> None:
+    """Makes `callback` write its pair as one and restore only a whole pair.
+
+    Args:
+        callback: the `keras.callbacks.BackupAndRestore` of `mk.resumable`; its
+            class is unchanged, two hooks are replaced on this instance.
+
+    Example:
+    ```python
+    import keras
+    from mirrorkit.faults import backup_pair
+
+    callback = keras.callbacks.BackupAndRestore("/tmp/run1/backup", double_checkpoint=True)
+    backup_pair.make_atomic(callback)
+    ```
+    """
+    found = {
+        name: internals.require(
+            callback,
+            name,
+            name=f"keras BackupAndRestore.{name}",
+            used_for="mk.resumable's backup written and verified as one",
+        )
+        for name in _INTERNALS
+    }
+    weights, metadata = found["_weights_path"], found["_training_metadata_path"]
+    restore = callback.on_train_begin
+    wrote = []  # this process wrote the latest pair whole (no need to check it again)
+
+    def save_model():
+        if not chief.is_chief():  # every worker holds the same weights; the chief writes
+            return
+        os.makedirs(callback.backup_dir, exist_ok=True)
+        if callback.double_checkpoint and (wrote or check(weights, metadata) == "whole"):
+            keep_previous(weights, metadata)
+        callback.model.save_weights(filepath=weights, overwrite=True)
+        position = {"epoch": callback._current_epoch, "batch": callback._last_batch_seen}
+        write_metadata(metadata, {**position, DIGEST: digest(weights)})
+        wrote.append(True)
+
+    def on_train_begin(logs=None):
+        chosen_weights, chosen_metadata = choose(weights, metadata)
+        with tempfile.TemporaryDirectory(prefix="mirrorkit-restore-") as local:
+            if chosen_weights != weights and os.path.exists(chosen_weights):
+                # Keras loads only files named *.weights.h5: a private copy, nothing written there
+                loadable = os.path.join(local, "previous.weights.h5")
+                shutil.copyfile(chosen_weights, loadable)
+                chosen_weights = loadable
+            callback._weights_path, callback._training_metadata_path = (
+                chosen_weights,
+                chosen_metadata,
+            )
+            try:
+                restore(logs)
+            finally:
+                callback._weights_path, callback._training_metadata_path = weights, metadata
+
+    callback._save_model = save_model
+    callback.on_train_begin = on_train_begin
+
+
+def check(weights: str, metadata: str) -> str:
+    """``"whole"``, ``"trusted"`` (no digest: plain Keras's), ``"none"`` or ``"cut short"``."""
+    if not os.path.exists(metadata):
+        return "none" if not os.path.exists(weights) else "cut short"
+    try:
+        with open(metadata) as f:
+            record = json.load(f)
+        int(record["epoch"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return "cut short"
+    if DIGEST not in record:
+        return "trusted"
+    if not os.path.exists(weights) or digest(weights) != record[DIGEST]:
+        return "cut short"
+    return "whole"
+
+
+def choose(weights: str, metadata: str) -> tuple[str, str]:
+    """The (weights, metadata) paths Keras should restore: the latest whole pair, or none."""
+    latest = check(weights, metadata)
+    if latest in ("whole", "trusted", "none"):
+        return weights, metadata
+    previous = (f"{weights}.bkp", f"{metadata}.bkp")
+    if check(*previous) in ("whole", "trusted"):
+        chief.say_once(
+            "backup-cut-short",
+            f"the latest backup in {os.path.dirname(weights)} was cut short (its weights and "
+            f"epoch do not match): resuming from the previous one, at epoch {_epoch(previous[1])}",
+        )
+        return previous
+    chief.say_once(
+        "backup-cut-short",
+        f"the only backup in {os.path.dirname(weights)} was cut short (its weights and epoch "
+        "do not match) and there is no previous one: training starts from the beginning",
+    )
+    absent = os.path.join(os.path.dirname(weights), ".mirrorkit-no-backup")
+    return absent, absent
+
+
+def keep_previous(weights: str, metadata: str) -> None:
+    """Copies the whole latest pair to ``.bkp``, each file whole or not at all."""
+    for path in (weights, metadata):
+        shutil.copyfile(path, f"{path}.bkp.tmp")
+        os.replace(f"{path}.bkp.tmp", f"{path}.bkp")
+
+
+def write_metadata(metadata: str, record: dict) -> None:
+    """Writes Keras's metadata file whole (a side file renamed over the old one)."""
+    tmp = f"{metadata}.tmp"
+    with open(tmp, "w") as f:
+        json.dump(record, f)
+    os.replace(tmp, metadata)
+
+
+def digest(path: str) -> str:
+    """The SHA-256 of the file at `path`, in hex."""
+    with open(path, "rb") as f:
+        return hashlib.file_digest(f, "sha256").hexdigest()
+
+
+def _epoch(metadata: str) -> int:
+    """The 1-based epoch a metadata file resumes at (Keras stores the 0-based one)."""
+    with open(metadata) as f:
+        return int(json.load(f)["epoch"]) + 1

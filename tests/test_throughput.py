@@ -14,7 +14,9 @@ import pytest
 import tensorflow as tf
 
 import mirrorkit as mk
+from mirrorkit.throughput import bottleneck
 from mirrorkit.throughput import callback as callback_module
+from mirrorkit.throughput import report as report_module
 from mirrorkit.throughput.callback import find_straggler
 
 GLOBAL_BATCH = 32
@@ -77,6 +79,8 @@ def test_measured_rate_is_the_rate_of_the_clock(clock):
         assert epoch.step_time_median_s == pytest.approx(STEP_S, rel=1e-9)
         assert epoch.step_time_p90_s == pytest.approx(STEP_S, rel=1e-9)
         assert epoch.epoch_time_s == pytest.approx(12 * STEP_S, rel=1e-9)
+        assert epoch.epoch_examples_per_sec == pytest.approx(true_rate, rel=1e-9)
+        assert epoch.epoch_overhead_share == pytest.approx(0.0, abs=1e-9)
     # Warm-up: epoch 1 leaves out the first call and 2 warm-up steps, epoch 2 only its first call.
     assert [e.steps for e in callback.report.epochs] == [12 - 2, 12 - 1]
     assert history.history["examples_per_sec"] == [
@@ -101,6 +105,35 @@ def test_a_slow_step_moves_the_tail_not_the_median(clock):
     assert epoch.step_time_median_s == pytest.approx(STEP_S)
     assert epoch.step_time_max_s == pytest.approx(11 * STEP_S)
     assert epoch.examples_per_sec == pytest.approx(GLOBAL_BATCH * 10 / (20 * STEP_S))
+
+
+def test_an_epoch_overhead_shows_end_to_end_and_in_the_verdict(clock):
+    class SlowEpochStart(keras.callbacks.Callback):  # after the epoch clock starts
+        def on_epoch_begin(self, epoch, logs=None):
+            clock.now += 10 * STEP_S
+
+    callback = mk.ThroughputCallback(warmup_steps=2, verbose=0)
+    strategy = mk.strategy(cpu_replicas=2)
+    model = mk.build(_model, strategy)
+    data = mk.distribute(_batches(12), strategy, global_batch_size=GLOBAL_BATCH, shuffle=False)
+    model.fit(data, epochs=2, verbose=0, callbacks=[clock, callback, SlowEpochStart()])
+    first, second = callback.report.epochs
+    assert second.examples_per_sec == pytest.approx(GLOBAL_BATCH / STEP_S)  # the steady steps
+    assert second.epoch_examples_per_sec == pytest.approx(12 * GLOBAL_BATCH / (22 * STEP_S))
+    assert second.epoch_overhead_share == pytest.approx(10 / 22)
+    assert first.epoch_overhead_share == pytest.approx(10 / 22)
+    # The injected clock stands still inside the train function, so these steps read as
+    # host-bound, which the verdict puts first; the overhead verdict on real steps:
+    assert second.verdict.startswith("host-bound")
+    assert "end to end/s" in str(callback.report)
+    assert bottleneck.verdict(0.05, None, host_share=0.1, epoch_overhead_share=10 / 22) == (
+        "epoch-overhead: 45% of the epoch is outside its steady steps (iterator start-up, "
+        "validation, epoch-end callbacks); train more steps per epoch (steps_per_epoch with "
+        ".repeat()) or validate less often (validation_freq)"
+    )
+    assert bottleneck.verdict(0.05, None, host_share=0.1, epoch_overhead_share=0.2).startswith(
+        "not input-bound"
+    )
 
 
 def test_outputs_parse_and_show_the_figures(tmp_path, capfd, clock):
@@ -198,9 +231,9 @@ def test_the_callback_applies_the_gap_and_the_report_says_the_rule():
         "(flagged when over 1.5x and 10 ms slower)"
     ), text
     assert "epoch 1: straggler" not in text
-    line = callback_module._summary_line(slow, callback.report)
+    line = report_module.summary_line(slow, callback.report)
     assert "; STRAGGLER: worker 1 works 200.0 ms a step, the others 20.0 ms (flagged when " in line
-    assert "STRAGGLER" not in callback_module._summary_line(tiny, callback.report)
+    assert "STRAGGLER" not in report_module.summary_line(tiny, callback.report)
 
 
 def test_tensorboard_dir_without_tensorboard_is_a_clear_error(monkeypatch):

@@ -15,6 +15,8 @@ from __future__ import annotations
 INPUT_BOUND_SHARE = 0.2
 #: A step that spends this share of its time outside the compiled train function is host-bound.
 HOST_BOUND_SHARE = 0.3
+#: An epoch whose steady steps explain less than (1 - this) of its wall time has a large overhead.
+EPOCH_OVERHEAD_SHARE = 0.3
 #: A multi-worker step that computes less than this share of its time is communication-bound.
 COMMUNICATION_BOUND_SHARE = 0.7
 
@@ -26,6 +28,7 @@ def verdict(
     *,
     host_share: float | None = None,
     host_worker: int | None = None,
+    epoch_overhead_share: float | None = None,
 ) -> str | None:
     """One line: input-, communication- or compute-bound, with the fix to try.
 
@@ -40,6 +43,10 @@ def verdict(
             train function (callbacks, logging, Python), the largest of the
             workers' in a multi-worker job.
         host_worker: the worker whose host share that is (multi-worker jobs).
+        epoch_overhead_share: the share of the epoch's wall time outside its
+            steps at the steady rate (iterator start-up, validation,
+            epoch-end callbacks); the callback leaves it out for the first
+            epoch, whose tracing is expected.
 
     Returns:
         The verdict, or None when nothing was measured.
@@ -66,6 +73,12 @@ def verdict(
             f"host-bound: {host_share:.0%} of each step is spent outside the compiled step{where} "
             "(callbacks, logging, Python); make per-step callbacks cheaper or raise "
             "steps_per_execution"
+        )
+    if epoch_overhead_share is not None and epoch_overhead_share >= EPOCH_OVERHEAD_SHARE:
+        return (
+            f"epoch-overhead: {epoch_overhead_share:.0%} of the epoch is outside its steady steps "
+            "(iterator start-up, validation, epoch-end callbacks); train more steps per epoch "
+            "(steps_per_epoch with .repeat()) or validate less often (validation_freq)"
         )
     if compute_share is not None and compute_share < COMMUNICATION_BOUND_SHARE:
         return (

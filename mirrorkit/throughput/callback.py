@@ -13,7 +13,7 @@ from mirrorkit import chief, internals
 from mirrorkit import workers as workers_lib
 from mirrorkit.throughput import bottleneck, input_clock
 from mirrorkit.throughput.baseline import read_baseline
-from mirrorkit.throughput.report import EpochThroughput, ThroughputReport
+from mirrorkit.throughput.report import EpochThroughput, ThroughputReport, summary_line
 from mirrorkit.throughput.step_clock import StepClock
 from mirrorkit.throughput.stragglers import (  # noqa: F401 (find_straggler: public here too)
     STRAGGLER_MIN_GAP_S,
@@ -126,6 +126,7 @@ class ThroughputCallback(keras.callbacks.Callback):
         self._input_clock = input_clock.InputClock()
         self._writer = None
         self._steps_seen = 0
+        self._epoch_steps = 0
 
     # Keras hooks
 
@@ -164,6 +165,7 @@ class ThroughputCallback(keras.callbacks.Callback):
         self._host_times: list[float] = []
         self._inside_s = 0.0
         self._calls = 0
+        self._epoch_steps = 0
         self._input_clock.recording = True
 
     def on_test_begin(self, logs: dict | None = None) -> None:
@@ -181,6 +183,7 @@ class ThroughputCallback(keras.callbacks.Callback):
         inside, self._inside_s = self._inside_s, 0.0
         steps = self._steps_per_call()
         self._steps_seen += steps
+        self._epoch_steps += steps
         self._calls += 1
         if self.report.global_batch_size is None:
             self.report.global_batch_size = self._batch_from_loss_tracker(steps)
@@ -228,6 +231,7 @@ class ThroughputCallback(keras.callbacks.Callback):
             waiting_worker,
             host_share=figures.host_share,
             host_worker=host_worker,
+            epoch_overhead_share=None if epoch == 0 else figures.epoch_overhead_share,
         )
         self.report.epochs.append(figures)
         if logs is not None:
@@ -236,7 +240,7 @@ class ThroughputCallback(keras.callbacks.Callback):
         if not chief.is_chief():
             return
         if self.verbose:
-            chief.print(_summary_line(figures, self.report))
+            chief.print(summary_line(figures, self.report))
         if self._writer is not None:
             self._write_tensorboard(figures)
         if self.json_path:
@@ -275,6 +279,10 @@ class ThroughputCallback(keras.callbacks.Callback):
             epoch_time_s=time.perf_counter() - self._epoch_start,
             scaling_efficiency=None if not self.baseline else per_replica / self.baseline,
         )
+        if report.global_batch_size and figures.epoch_time_s > 0 and rate > 0:
+            examples = self._epoch_steps * report.global_batch_size
+            figures.epoch_examples_per_sec = examples / figures.epoch_time_s
+            figures.epoch_overhead_share = max(0.0, 1 - figures.epoch_examples_per_sec / rate)
         if len(worker_medians) > 1 and min(worker_medians) > 0:
             figures.worker_compute_median_s = worker_medians
             figures.slowest_worker = int(np.argmax(worker_medians))
@@ -351,6 +359,7 @@ class ThroughputCallback(keras.callbacks.Callback):
             for key in (
                 "examples_per_sec",
                 "examples_per_sec_per_replica",
+                "epoch_examples_per_sec",
                 "step_time_median_s",
                 "step_time_p90_s",
                 "scaling_efficiency",
@@ -363,33 +372,6 @@ class ThroughputCallback(keras.callbacks.Callback):
                 if value is not None:
                     tf.summary.scalar(f"throughput/{key}", value, step=figures.epoch)
         self._writer.flush()
-
-
-def _summary_line(figures: EpochThroughput, report: ThroughputReport) -> str:
-    line = (
-        f"epoch {figures.epoch}: {figures.examples_per_sec:,.1f} examples/s "
-        f"({figures.examples_per_sec_per_replica:,.1f} per replica x {report.num_replicas}), "
-        f"step {figures.step_time_median_s * 1000:.1f} ms median, "
-        f"{figures.step_time_p90_s * 1000:.1f} ms p90"
-    )
-    if figures.scaling_efficiency is not None:
-        line += f", scaling efficiency {figures.scaling_efficiency:.2f}"
-    if figures.worker_compute_median_s:
-        line += (
-            f"; slowest worker {figures.slowest_worker} (spread {figures.spread:.2f}x), "
-            f"computing {figures.compute_share:.0%} of a step"
-        )
-        if figures.straggler is not None:
-            said = straggler_text(
-                figures.worker_compute_median_s,
-                figures.straggler,
-                report.straggler_factor,
-                report.straggler_min_gap_s,
-            )
-            line += f"; STRAGGLER: {said}"
-    if figures.verdict:
-        line += f"\n  {figures.verdict}"
-    return line
 
 
 def _require_tensorboard() -> None:

@@ -12,10 +12,11 @@ from mirrorkit.throughput.stragglers import straggler_text
 
 #: Columns of the text and HTML tables: (key, heading, format).
 #: Verdicts that name a fix; every other epoch is summed up in one line.
-_ACTIONABLE = ("input-bound", "host-bound", "communication-bound")
+_ACTIONABLE = ("input-bound", "host-bound", "epoch-overhead", "communication-bound")
 _COLUMNS = (
     ("epoch", "epoch", "{:d}"),
     ("examples_per_sec", "examples/s", "{:,.1f}"),
+    ("epoch_examples_per_sec", "end to end/s", "{:,.1f}"),
     ("examples_per_sec_per_replica", "per replica", "{:,.1f}"),
     ("examples_per_sec_per_worker", "per worker", "{:,.1f}"),
     ("step_time_median_s", "step median ms", "ms"),
@@ -45,6 +46,13 @@ class EpochThroughput:
         step_time_p90_s: 90th percentile of the step time.
         step_time_max_s: slowest step.
         epoch_time_s: the epoch's wall time, warm-up included.
+        epoch_examples_per_sec: the epoch end to end: every training example
+            it took (warm-up steps included) over `epoch_time_s`, which also
+            holds tracing, iterator start-up, validation and epoch-end
+            callbacks. `examples_per_sec` is the steady state of its steps.
+        epoch_overhead_share: the share of `epoch_time_s` that its steps at
+            the steady rate do not explain: ``1 - epoch_examples_per_sec /
+            examples_per_sec``.
         worker_compute_median_s: each worker's median time from the start of
             a step until its gradients were ready for the all-reduce (its own
             work, without waiting for the others), in worker order.
@@ -80,6 +88,8 @@ class EpochThroughput:
     step_time_p90_s: float
     step_time_max_s: float
     epoch_time_s: float
+    epoch_examples_per_sec: float | None = None
+    epoch_overhead_share: float | None = None
     worker_compute_median_s: list[float] = dataclasses.field(default_factory=list)
     slowest_worker: int | None = None
     spread: float | None = None
@@ -242,3 +252,33 @@ class ThroughputReport:
         if path is not None:
             figure.savefig(path)
         return figure
+
+
+def summary_line(figures: EpochThroughput, report: ThroughputReport) -> str:
+    """The line the callback prints at each epoch's end: rates, step times, verdict."""
+    line = (
+        f"epoch {figures.epoch}: {figures.examples_per_sec:,.1f} examples/s "
+        f"({figures.examples_per_sec_per_replica:,.1f} per replica x {report.num_replicas}), "
+        f"step {figures.step_time_median_s * 1000:.1f} ms median, "
+        f"{figures.step_time_p90_s * 1000:.1f} ms p90"
+    )
+    if figures.epoch_examples_per_sec is not None:
+        line += f"; {figures.epoch_examples_per_sec:,.1f} examples/s end to end"
+    if figures.scaling_efficiency is not None:
+        line += f", scaling efficiency {figures.scaling_efficiency:.2f}"
+    if figures.worker_compute_median_s:
+        line += (
+            f"; slowest worker {figures.slowest_worker} (spread {figures.spread:.2f}x), "
+            f"computing {figures.compute_share:.0%} of a step"
+        )
+        if figures.straggler is not None:
+            said = straggler_text(
+                figures.worker_compute_median_s,
+                figures.straggler,
+                report.straggler_factor,
+                report.straggler_min_gap_s,
+            )
+            line += f"; STRAGGLER: {said}"
+    if figures.verdict:
+        line += f"\n  {figures.verdict}"
+    return line

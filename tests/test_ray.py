@@ -15,6 +15,7 @@ Skipped only where Ray is not installed (``pip install "mirrorkit[ray]"``).
 from __future__ import annotations
 
 import importlib.util
+import signal
 import sys
 import time
 from pathlib import Path
@@ -68,11 +69,14 @@ def local_ray():
     mp = pytest.MonkeyPatch()
     mp.setenv("RAY_DEDUP_LOGS", "0")  # every worker's lines reach the driver as they are
     mp.delenv("TF_CONFIG", raising=False)
+    handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
     ray.init(address="local", num_cpus=2, include_dashboard=False)
     try:
         yield ray
     finally:
         ray.shutdown()
+        for sig, handler in handlers.items():  # ray.init set its own SIGTERM handler here
+            signal.signal(sig, handler)
         mp.undo()
 
 

@@ -12,6 +12,8 @@ import json
 import os
 from collections.abc import Mapping, Sequence
 
+from mirrorkit import slurm
+
 #: Job types a TF_CONFIG may name, and those that count as training workers.
 KNOWN_JOBS = ("chief", "worker", "evaluator", "ps")
 TRAINING_JOBS = ("chief", "worker")
@@ -104,8 +106,13 @@ def parse_tf_config(text: str) -> ClusterInfo:
     Returns:
         The `ClusterInfo` it describes.
 
+    An ``evaluator`` task may be outside ``cluster``, as Vertex AI and AI
+    Platform write it (TensorFlow accepts that too); a ``ps`` job is refused:
+    parameter servers need ``tf.distribute.ParameterServerStrategy``.
+
     Raises:
-        ValueError: naming the field that is missing or malformed.
+        ValueError: naming the field that is missing or malformed, or the
+            parameter-server layout and what to use instead.
 
     Example:
     ```python
@@ -130,6 +137,9 @@ def parse_tf_config(text: str) -> ClusterInfo:
             "TF_CONFIG field 'cluster' must be a non-empty object mapping job names to address "
             f'lists, e.g. {{"worker": ["host1:2222", "host2:2222"]}}; got {spec!r}'
         )
+    task = config.get("task")
+    if "ps" in spec or (isinstance(task, Mapping) and task.get("type") == "ps"):
+        raise ValueError(_PARAMETER_SERVERS)
     for job, addresses in spec.items():
         if job not in KNOWN_JOBS:
             raise ValueError(
@@ -148,7 +158,6 @@ def parse_tf_config(text: str) -> ClusterInfo:
             f"TF_CONFIG field 'cluster.chief' must list exactly one address; got {spec['chief']!r}"
         )
     training = [a for job in TRAINING_JOBS for a in spec.get(job, [])]
-    task = config.get("task")
     if task is None:
         if len(training) > 1:
             raise ValueError(
@@ -159,7 +168,10 @@ def parse_tf_config(text: str) -> ClusterInfo:
     if not isinstance(task, Mapping):
         raise ValueError(f"TF_CONFIG field 'task' must be an object; got {task!r}")
     task_type = task.get("type")
-    if task_type not in spec:
+    # Vertex AI and AI Platform leave the evaluator out of 'cluster' (it is no
+    # member of the training cluster); TensorFlow accepts that layout too.
+    outside = task_type == "evaluator" and task_type not in spec
+    if task_type not in spec and not outside:
         raise ValueError(
             f"TF_CONFIG field 'task.type' is {task_type!r}, which is not a job in 'cluster' "
             f"({', '.join(spec)})"
@@ -167,12 +179,26 @@ def parse_tf_config(text: str) -> ClusterInfo:
     index = task.get("index", 0)
     if isinstance(index, bool) or not isinstance(index, int):
         raise ValueError(f"TF_CONFIG field 'task.index' must be an integer; got {index!r}")
+    if outside:
+        if index < 0:
+            raise ValueError(f"TF_CONFIG field 'task.index' must be 0 or more; got {index}")
+        return from_cluster_spec(spec, task_type, index)
     if not 0 <= index < len(spec[task_type]):
         raise ValueError(
             f"TF_CONFIG field 'task.index' is {index}, but 'cluster.{task_type}' has "
             f"{len(spec[task_type])} address(es): valid indices are 0..{len(spec[task_type]) - 1}"
         )
     return from_cluster_spec(spec, task_type, index)
+
+
+_PARAMETER_SERVERS = (
+    "TF_CONFIG names a 'ps' job: that is a parameter-server layout, which trains with "
+    "tf.distribute.ParameterServerStrategy, and mirrorkit trains with synchronous all-reduce "
+    "(MultiWorkerMirroredStrategy) only: no 'ps' task ever joins its workers. Drop the "
+    "parameter servers (Kubeflow TFJob: the PS replica spec; Vertex AI: worker pool 2; "
+    "SageMaker: use distribution={'multi_worker_mirrored_strategy': {'enabled': True}} instead "
+    "of 'parameter_server'), or build tf.distribute.ParameterServerStrategy yourself."
+)
 
 
 def _check_address(address: object, field: str) -> None:
@@ -186,21 +212,12 @@ def _check_address(address: object, field: str) -> None:
         )
 
 
-def _slurm_int(env: Mapping[str, str], *names: str) -> int | None:
-    for name in names:
-        value = env.get(name)
-        if value:
-            try:
-                return int(value)
-            except ValueError:
-                raise ValueError(
-                    f"Slurm variable {name} must be an integer; got {value!r}"
-                ) from None
-    return None
-
-
 def from_environment(env: Mapping[str, str] | None = None) -> ClusterInfo:
-    """Describes the cluster named by TF_CONFIG, else by Slurm, else none.
+    """Describes the cluster named by TF_CONFIG, else by a Slurm step, else none.
+
+    A Slurm step is one ``srun`` of several tasks, one task per worker: its
+    nodes, tasks per node and ports come from the ``SLURM_STEP_*`` variables
+    (see `mirrorkit.slurm`); a batch script outside ``srun`` is no cluster.
 
     Args:
         env: the environment to read; `os.environ` when None.
@@ -219,16 +236,16 @@ def from_environment(env: Mapping[str, str] | None = None) -> ClusterInfo:
     text = env.get("TF_CONFIG", "").strip()
     if text:
         return parse_tf_config(text)
-    ntasks = _slurm_int(env, "SLURM_STEP_NUM_TASKS", "SLURM_NTASKS")
-    procid = _slurm_int(env, "SLURM_PROCID")
-    if ntasks is not None and ntasks > 1 and procid is not None:
+    here = slurm.step(env)  # a task of an srun step of several tasks (mirrorkit.slurm)
+    if here is not None:
         return ClusterInfo(
             source="slurm",
-            num_workers=ntasks,
+            num_workers=here.num_tasks,
             task_type="worker",
-            task_index=procid,
-            is_chief=procid == 0,
-            worker_index=procid,
+            task_index=here.rank,
+            is_chief=here.rank == 0,
+            worker_index=here.rank,
+            addresses=here.addresses(),
         )
     return ALONE
 

@@ -20,6 +20,7 @@ from mirrorkit import (
     chief,
     compat,
     legacy_keras,
+    platforms,
     registry,
     startup,
     strategy_args,
@@ -104,6 +105,7 @@ def strategy(
     name = strategy_args.normalize_kind(kind)
     strategy_args.check_backend()
     legacy_keras.say_keras_3()  # Ray Train sets TF_USE_LEGACY_KERAS=1; mirrorkit keeps Keras 3
+    platforms.say_notices()  # SageMaker hosts without TF_CONFIG train alone
     strategy_args.check_arguments(name, devices, num_gpus, cpu_replicas, bucket_mb, timeout_s)
     startup_timeout_s = startup.check_timeout(startup_timeout_s)
     all_reduce = allreduce.normalize(all_reduce)

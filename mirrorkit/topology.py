@@ -177,6 +177,15 @@ def plan_auto(cpu_replicas: int | None = None, num_gpus: int | None = None) -> A
     info = cluster.from_environment()
     if info.is_multi_worker:
         where = "TF_CONFIG" if info.source == "TF_CONFIG" else "the Slurm step"
+        if cpu_replicas is not None and cpu_replicas > 1:
+            chief.say_once(
+                "cpu-replicas-ignored-multi-worker",
+                f"cpu_replicas={cpu_replicas} is ignored: {where} makes this process one of "
+                f"{info.num_workers} workers (mirrorkit launch, or a cluster), and each worker "
+                "trains one replica on its CPU (its GPUs when it has them). For "
+                f"{cpu_replicas} replicas in one process, run the script with python, not "
+                "mirrorkit launch",
+            )
         return AutoChoice("multi_worker", f"{where} names {info.num_workers} training tasks")
     local = _plan_local(cpu_replicas, num_gpus)
     if not info.is_training_worker:

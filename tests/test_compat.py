@@ -50,6 +50,8 @@ def test_enable_is_idempotent_and_disable_restores():
         "chief_model_save",
         "chief_model_save_weights",
         "chief_model_export",
+        "class_weight",
+        "custom_train_step_notice",
     ]
     assert compat.enable() == everything
     patched = trainer.reduce_per_replica
@@ -80,9 +82,15 @@ def test_repairs_are_said_in_one_line_once(monkeypatch, capfd):
 def test_strategy_applies_what_it_needs():
     compat.disable()
     mk.strategy("one_device")
-    assert compat.active() == []
+    assert compat.active() == ["class_weight"]  # mk.distribute's input is distributed there too
     mk.strategy(cpu_replicas=2)
-    assert compat.active() == ["symbolic_build", "step_function", "gradient_accumulation"]
+    assert compat.active() == [
+        "symbolic_build",
+        "step_function",
+        "gradient_accumulation",
+        "class_weight",
+        "custom_train_step_notice",
+    ]
     compat.enable()
 
 

@@ -203,3 +203,24 @@ def test_buckets_start_with_the_last_layer_so_all_reduce_overlaps_backprop():
     # Variables, first layer first: conv 72+4, dense 512+8, dense 24+3 elements.
     # Packed from the end into buckets just over 100 bytes: 24+3, 512+8, 72+4.
     assert sizes == [27, 520, 76]
+
+
+def test_cpu_replicas_under_a_multi_worker_tf_config_is_said_to_be_ignored(monkeypatch, capfd):
+    import json
+
+    from mirrorkit import topology
+
+    monkeypatch.setenv(
+        "TF_CONFIG",
+        json.dumps(
+            {
+                "cluster": {"worker": ["127.0.0.1:1", "127.0.0.1:2"]},
+                "task": {"type": "worker", "index": 0},
+            }
+        ),
+    )
+    assert topology.plan_auto(cpu_replicas=2).kind == "multi_worker"
+    said = capfd.readouterr().err
+    assert "cpu_replicas=2 is ignored: TF_CONFIG makes this process one of 2 workers" in said
+    assert topology.plan_auto(cpu_replicas=None).kind == "multi_worker"
+    assert "ignored" not in capfd.readouterr().err

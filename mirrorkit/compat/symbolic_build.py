@@ -10,8 +10,13 @@ structure before ``fit``, ``evaluate``, ``train_on_batch`` and
 Attempt to convert a value (PerReplica...)``; under MirroredStrategy it needs
 equal per-replica shapes and numeric dtypes, so a first batch smaller than the
 replica count, or string inputs, fail. The build needs only shapes and dtypes,
-which the first local replica's batch has; the replacement uses it, with no
-collective. It reads Keras's epoch iterator whatever the shape of its items
+which the first local replica's part of the input's ``element_spec`` has; the
+replacement builds from it, with no collective and without reading a batch.
+Reading one (as Keras does) made an iterator that was dropped part-way while
+the loop's own iterator started: on a ``.cache()``d evaluation set that left
+the cache filled part-way, and ``evaluate`` counted 160-256 of 400 examples
+(``docs/compat.md``, "First-batch build"). When the input has no element spec
+it reads Keras's epoch iterator, whatever the shape of its items
 (``docs/compat.md``, "Epoch iterator items").
 """
 
@@ -49,6 +54,29 @@ def _batch_iterator(item):
     return it
 
 
+def _first_local_spec(spec):
+    """The first local replica's part of a distributed input's element spec."""
+    if type(spec).__name__ == "PerReplicaSpec":
+        components = internals.require(
+            spec, "_component_specs", name="tf.distribute PerReplicaSpec._component_specs",
+            used_for=_USED_FOR,
+        )  # fmt: skip
+        return components[0]
+    return spec
+
+
+def _spec_batch(epoch_iterator):
+    """Shapes and dtypes of one local batch, from the input's element spec (no batch read)."""
+    dataset = internals.require(
+        epoch_iterator, "_distributed_dataset", name="keras TFEpochIterator._distributed_dataset",
+        used_for=_USED_FOR,
+    )  # fmt: skip
+    spec = getattr(dataset, "element_spec", None)  # public on every tf.data/tf.distribute input
+    if spec is None:
+        return None
+    return tf.nest.map_structure(_first_local_spec, spec)
+
+
 def _replacement(original):
     def _maybe_symbolic_build(self, iterator=None, data_batch=None):
         strategy = internals.require(
@@ -61,6 +89,8 @@ def _replacement(original):
         if strategy is None:
             return original(self, iterator=iterator, data_batch=data_batch)
         if iterator is not None:
+            data_batch = _spec_batch(iterator)
+        if iterator is not None and data_batch is None:
             for item in iterator:
                 data_batch = keras.tree.map_structure(_first_local, next(_batch_iterator(item)))
                 break

@@ -12,8 +12,6 @@ import json
 import os
 from collections.abc import Mapping, Sequence
 
-from mirrorkit import slurm
-
 #: Job types a TF_CONFIG may name, and those that count as training workers.
 KNOWN_JOBS = ("chief", "worker", "evaluator", "ps")
 TRAINING_JOBS = ("chief", "worker")
@@ -212,12 +210,21 @@ def _check_address(address: object, field: str) -> None:
         )
 
 
-def from_environment(env: Mapping[str, str] | None = None) -> ClusterInfo:
-    """Describes the cluster named by TF_CONFIG, else by a Slurm step, else none.
+def _slurm_int(env: Mapping[str, str], *names: str) -> int | None:
+    for name in names:
+        value = env.get(name)
+        if value:
+            try:
+                return int(value)
+            except ValueError:
+                raise ValueError(
+                    f"Slurm variable {name} must be an integer; got {value!r}"
+                ) from None
+    return None
 
-    A Slurm step is one ``srun`` of several tasks, one task per worker: its
-    nodes, tasks per node and ports come from the ``SLURM_STEP_*`` variables
-    (see `mirrorkit.slurm`); a batch script outside ``srun`` is no cluster.
+
+def from_environment(env: Mapping[str, str] | None = None) -> ClusterInfo:
+    """Describes the cluster named by TF_CONFIG, else by Slurm, else none.
 
     Args:
         env: the environment to read; `os.environ` when None.
@@ -236,16 +243,16 @@ def from_environment(env: Mapping[str, str] | None = None) -> ClusterInfo:
     text = env.get("TF_CONFIG", "").strip()
     if text:
         return parse_tf_config(text)
-    here = slurm.step(env)  # a task of an srun step of several tasks (mirrorkit.slurm)
-    if here is not None:
+    ntasks = _slurm_int(env, "SLURM_STEP_NUM_TASKS", "SLURM_NTASKS")
+    procid = _slurm_int(env, "SLURM_PROCID")
+    if ntasks is not None and ntasks > 1 and procid is not None:
         return ClusterInfo(
             source="slurm",
-            num_workers=here.num_tasks,
+            num_workers=ntasks,
             task_type="worker",
-            task_index=here.rank,
-            is_chief=here.rank == 0,
-            worker_index=here.rank,
-            addresses=here.addresses(),
+            task_index=procid,
+            is_chief=procid == 0,
+            worker_index=procid,
         )
     return ALONE
 

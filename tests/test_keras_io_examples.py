@@ -113,7 +113,7 @@ def test_lines_changed_as_stated(name):
     module = load(name)
     assert changed_lines(module) == module.LINES_CHANGED
     header = open(module.__file__).read().split("\n\n")[0]
-    assert "https://keras.io/examples/" in header and "Changed for mirrorkit" in header
+    assert "Original: https://keras.io/" in header and "Changed for mirrorkit" in header
 
 
 def test_every_example_is_listed():

@@ -1,6 +1,6 @@
 """keras.io examples ported to mirrorkit: the conformance corpus.
 
-Each module here is one example from https://keras.io/examples/, with two
+Each module here is one example from https://keras.io/examples/ (or a keras.io guide), with two
 functions that run it start to finish:
 
 - ``original(workdir)``: the example's own code (stand-in data read from
@@ -35,6 +35,7 @@ EXAMPLES = (
     "timeseries_weather_forecasting",
     "mnist_convnet",
     "imbalanced_classification",
+    "custom_train_step",
 )
 
 SEED = 1337

@@ -9,12 +9,13 @@ set in this module only.
 from __future__ import annotations
 
 import itertools
+import os
 from collections.abc import Callable
 
 import tensorflow as tf
 from tensorflow.python.distribute import distribute_lib
 
-from mirrorkit import allreduce, chief, cluster, internals
+from mirrorkit import allreduce, chief, cluster, internals, slurm
 from mirrorkit import devices as devices_lib
 
 
@@ -84,7 +85,12 @@ def _with_own_collective_keys(make: Callable[[], tf.distribute.MirroredStrategy]
 
 
 def multi_worker(*, devices, num_gpus, cpu_replicas, all_reduce, bucket_mb, timeout_s):
-    """`tf.distribute.MultiWorkerMirroredStrategy` from TF_CONFIG or Slurm."""
+    """`tf.distribute.MultiWorkerMirroredStrategy` from TF_CONFIG or a Slurm step.
+
+    Under Slurm, each task sees only its own GPUs (`mirrorkit.slurm.gpu_share`),
+    or its CPU where the node has none, and the cluster is the one
+    `mirrorkit.cluster` read from the step's variables.
+    """
     info = cluster.from_environment()  # validates TF_CONFIG, naming a bad field
     if not info.is_training_worker:
         raise ValueError(
@@ -93,24 +99,36 @@ def multi_worker(*, devices, num_gpus, cpu_replicas, all_reduce, bucket_mb, time
             f"workers' collectives. Use mk.strategy() (kind='auto'), which gives this task a "
             "strategy of its own devices, e.g. to evaluate the checkpoints the workers write."
         )
+    if info.source == "slurm":
+        _take_slurm_gpus()
     if num_gpus is not None:
-        physical = tf.config.list_physical_devices("GPU")
+        physical = tf.config.get_visible_devices("GPU")
         if num_gpus > len(physical):
             raise ValueError(
                 f"num_gpus={num_gpus} was asked for, but this worker has {len(physical)} GPU(s)"
             )
         tf.config.set_visible_devices(physical[:num_gpus], "GPU")
-    has_gpus = bool(tf.config.list_physical_devices("GPU")) and num_gpus != 0
+    gpus = len(tf.config.get_visible_devices("GPU"))
     options = allreduce.plan_multi_worker(
-        all_reduce, has_gpus=has_gpus, bucket_mb=bucket_mb, timeout_s=timeout_s
+        all_reduce, has_gpus=gpus > 0, bucket_mb=bucket_mb, timeout_s=timeout_s
     )
     resolver = None
     if info.source == "slurm":
-        resolver = tf.distribute.cluster_resolver.SlurmClusterResolver()
+        # The cluster mirrorkit.slurm read from the step's variables; never TensorFlow's
+        # SlurmClusterResolver, which runs nvidia-smi and scontrol (tensorflow#56894).
+        resolver = tf.distribute.cluster_resolver.SimpleClusterResolver(
+            tf.train.ClusterSpec({"worker": list(info.addresses)}),
+            task_type="worker",
+            task_id=info.worker_index,
+            num_accelerators={"GPU": gpus},
+            rpc_layer="grpc",
+        )
     elif info.source == "none":
+        note = slurm.outside_step_note(os.environ)
         chief.say_once(
             "single-worker-mwms",
-            "kind='multi_worker' without TF_CONFIG or Slurm: a multi-worker strategy of one worker",
+            "kind='multi_worker' without TF_CONFIG or Slurm: a multi-worker strategy of one worker"
+            + (f". {note}" if note else ""),
         )
     try:
         return tf.distribute.MultiWorkerMirroredStrategy(
@@ -125,6 +143,22 @@ def multi_worker(*, devices, num_gpus, cpu_replicas, all_reduce, bucket_mb, time
                 f"script, or restart the kernel. TensorFlow said: {err}"
             ) from err
         raise
+
+
+def _take_slurm_gpus() -> None:
+    """Makes this Slurm task see only its own GPUs (`mirrorkit.slurm.gpu_share`), and says so."""
+    here = slurm.step(os.environ)
+    physical = tf.config.list_physical_devices("GPU")
+    share = slurm.gpu_share(here, os.environ, len(physical))
+    if len(share) == len(physical):
+        return
+    tf.config.set_visible_devices([physical[i] for i in share], "GPU")
+    chief.say_once(
+        "slurm-gpu-share",
+        f"Slurm: the step's {here.tasks_here} tasks on each node share its "
+        f"{len(physical)} GPUs; local task j (SLURM_LOCALID) trains on the j-th "
+        f"{len(share)} (this one: physical GPU(s) {share.start}-{share.stop - 1})",
+    )
 
 
 def one_device(*, devices, num_gpus, cpu_replicas, all_reduce, bucket_mb, timeout_s):

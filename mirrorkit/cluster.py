@@ -12,6 +12,8 @@ import json
 import os
 from collections.abc import Mapping, Sequence
 
+from mirrorkit import slurm
+
 #: Job types a TF_CONFIG may name, and those that count as training workers.
 KNOWN_JOBS = ("chief", "worker", "evaluator", "ps")
 TRAINING_JOBS = ("chief", "worker")
@@ -210,21 +212,12 @@ def _check_address(address: object, field: str) -> None:
         )
 
 
-def _slurm_int(env: Mapping[str, str], *names: str) -> int | None:
-    for name in names:
-        value = env.get(name)
-        if value:
-            try:
-                return int(value)
-            except ValueError:
-                raise ValueError(
-                    f"Slurm variable {name} must be an integer; got {value!r}"
-                ) from None
-    return None
-
-
 def from_environment(env: Mapping[str, str] | None = None) -> ClusterInfo:
-    """Describes the cluster named by TF_CONFIG, else by Slurm, else none.
+    """Describes the cluster named by TF_CONFIG, else by a Slurm step, else none.
+
+    A Slurm step is one ``srun`` of several tasks, one task per worker: its
+    nodes, tasks per node and ports come from the ``SLURM_STEP_*`` variables
+    (see `mirrorkit.slurm`); a batch script outside ``srun`` is no cluster.
 
     Args:
         env: the environment to read; `os.environ` when None.
@@ -243,16 +236,16 @@ def from_environment(env: Mapping[str, str] | None = None) -> ClusterInfo:
     text = env.get("TF_CONFIG", "").strip()
     if text:
         return parse_tf_config(text)
-    ntasks = _slurm_int(env, "SLURM_STEP_NUM_TASKS", "SLURM_NTASKS")
-    procid = _slurm_int(env, "SLURM_PROCID")
-    if ntasks is not None and ntasks > 1 and procid is not None:
+    here = slurm.step(env)  # a task of an srun step of several tasks (mirrorkit.slurm)
+    if here is not None:
         return ClusterInfo(
             source="slurm",
-            num_workers=ntasks,
+            num_workers=here.num_tasks,
             task_type="worker",
-            task_index=procid,
-            is_chief=procid == 0,
-            worker_index=procid,
+            task_index=here.rank,
+            is_chief=here.rank == 0,
+            worker_index=here.rank,
+            addresses=here.addresses(),
         )
     return ALONE
 

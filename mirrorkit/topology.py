@@ -8,10 +8,11 @@ takes and why without building anything.
 from __future__ import annotations
 
 import dataclasses
+import os
 
 import tensorflow as tf
 
-from mirrorkit import allreduce, cluster, registry, tables, workers
+from mirrorkit import allreduce, chief, cluster, registry, slurm, tables, workers
 from mirrorkit.devices import compact_devices, short_device
 
 
@@ -161,8 +162,10 @@ def plan_auto(cpu_replicas: int | None = None, num_gpus: int | None = None) -> A
     The rule, first match wins:
 
     1. ``TF_CONFIG`` naming more than one training task (``chief`` and
-       ``worker``), this being one of them, or a Slurm step with more than one
-       task -> ``multi_worker``. An ``evaluator`` task goes on to the local rules.
+       ``worker``), this being one of them, or a Slurm step (``srun``) with more
+       than one task -> ``multi_worker``. An ``evaluator`` task goes on to the
+       local rules; a batch script of a Slurm job of several tasks, outside
+       ``srun``, is said to train alone (`mirrorkit.slurm.outside_step_note`).
     2. two or more GPUs visible (or ``num_gpus`` >= 2) -> ``mirrored`` over them.
     3. ``cpu_replicas`` >= 2 -> ``mirrored`` over that many logical CPUs.
     4. otherwise -> ``one_device`` (GPU:0 if there is one, else CPU:0).
@@ -175,6 +178,9 @@ def plan_auto(cpu_replicas: int | None = None, num_gpus: int | None = None) -> A
         An `AutoChoice`.
     """
     info = cluster.from_environment()
+    outside = slurm.outside_step_note(os.environ) if info.source == "none" else None
+    if outside:
+        chief.say_once("slurm-outside-step", outside)
     if info.is_multi_worker:
         where = "TF_CONFIG" if info.source == "TF_CONFIG" else "the Slurm step"
         if cpu_replicas is not None and cpu_replicas > 1:

@@ -98,28 +98,40 @@ def test_malformed_tf_config_names_the_field(text, field):
     assert field in str(err.value)
 
 
+#: What srun sets in task 2 of ``srun -N2 --ntasks-per-node=2`` (the variables mirrorkit reads).
+SLURM_STEP = {
+    "SLURM_JOB_ID": "7",
+    "SLURM_STEP_ID": "0",
+    "SLURM_STEP_NODELIST": "node[1-2]",
+    "SLURM_STEP_NUM_TASKS": "4",
+    "SLURM_STEP_TASKS_PER_NODE": "2(x2)",
+    "SLURMD_NODENAME": "node2",
+    "SLURM_NODEID": "1",
+    "SLURM_LOCALID": "0",
+    "SLURM_PROCID": "2",
+    "SLURM_NTASKS": "4",
+}
+
+
 def test_slurm_multi_task_step():
-    env = {"SLURM_NTASKS": "4", "SLURM_PROCID": "2"}
-    info = cluster.from_environment(env)
+    info = cluster.from_environment(SLURM_STEP)
     assert (info.source, info.num_workers, info.task_index, info.is_chief) == ("slurm", 4, 2, False)
 
 
 def test_slurm_single_task_is_no_cluster():
-    assert cluster.from_environment({"SLURM_NTASKS": "1", "SLURM_PROCID": "0"}).source == "none"
+    env = {**SLURM_STEP, "SLURM_STEP_NUM_TASKS": "1", "SLURM_STEP_TASKS_PER_NODE": "1"}
+    env.update(SLURM_STEP_NODELIST="node2", SLURM_NTASKS="1", SLURM_PROCID="0")
+    assert cluster.from_environment(env).source == "none"
 
 
 def test_tf_config_wins_over_slurm():
-    env = {
-        "SLURM_NTASKS": "4",
-        "SLURM_PROCID": "2",
-        "TF_CONFIG": tf_config(TWO_WORKERS, {"type": "worker", "index": 0}),
-    }
+    env = {**SLURM_STEP, "TF_CONFIG": tf_config(TWO_WORKERS, {"type": "worker", "index": 0})}
     assert cluster.from_environment(env).source == "TF_CONFIG"
 
 
 def test_bad_slurm_variable():
-    with pytest.raises(ValueError, match="SLURM_NTASKS"):
-        cluster.from_environment({"SLURM_NTASKS": "four", "SLURM_PROCID": "0"})
+    with pytest.raises(ValueError, match="SLURM_STEP_TASKS_PER_NODE"):
+        cluster.from_environment({**SLURM_STEP, "SLURM_STEP_TASKS_PER_NODE": "four"})
 
 
 def test_no_cluster():

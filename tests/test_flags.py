@@ -279,8 +279,10 @@ def test_task_index_differing_from_tf_config_is_an_error_naming_both(monkeypatch
 
 def test_worker_hosts_differing_from_slurm_is_an_error(monkeypatch):
     monkeypatch.delenv("TF_CONFIG", raising=False)
-    monkeypatch.setenv("SLURM_NTASKS", "3")
-    monkeypatch.setenv("SLURM_PROCID", "1")
+    step = {"SLURM_JOB_ID": "7", "SLURM_STEP_ID": "0", "SLURM_STEP_NODELIST": "n[1-3]"}
+    step.update(SLURM_STEP_TASKS_PER_NODE="1(x3)", SLURMD_NODENAME="n2", SLURM_LOCALID="0")
+    for name, value in step.items():
+        monkeypatch.setenv(name, value)
     with pytest.raises(flags.IllegalFlagValueError, match="Slurm says task 1 of 3"):
         parse(f"--worker_hosts={HOSTS}", "--task_index=1")
 

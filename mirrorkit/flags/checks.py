@@ -235,8 +235,8 @@ def cluster_conflict(fv: flags.FlagValues, env: Mapping[str, str]) -> str | None
         if outside.num_workers != len(hosts) or outside.task_index != index:
             return (
                 f"--worker_hosts/--task_index say worker {index} of {len(hosts)}, but Slurm says "
-                f"task {outside.task_index} of {outside.num_workers} (SLURM_PROCID, "
-                "SLURM_NTASKS); make them agree or drop the flags"
+                f"task {outside.task_index} of {outside.num_workers} (its srun step's "
+                "SLURM_STEP_* variables); make them agree or drop the flags"
             )
     return None
 

@@ -35,6 +35,7 @@ def main(spec_path: str, result_path: str) -> int:
             timeout_s=spec["timeout_s"],
             prefix=spec["prefix"],
             log_dir=spec["log_dir"],
+            first=spec.get("first", 0),
         )
     except processes.WorkerError as err:
         outcome = {

@@ -1,7 +1,7 @@
 """Which workers run where: the cluster layout of a local or multi-host launch.
 
 Every host of a multi-host job runs ``mirrorkit launch`` with the same
-``--hosts`` (or inside the same Slurm allocation), so every host computes the
+``--hosts`` (or is a task of the same Slurm step), so every host computes the
 same worker list: host k's local worker j is global worker ``k * nproc + j``
 and listens on ``port + j`` of host k. When a worker fails because a peer
 stopped answering, `lost_peer_note` maps the task TensorFlow names back to that
@@ -14,8 +14,23 @@ import dataclasses
 import re
 from collections.abc import Mapping, Sequence
 
+from mirrorkit import slurm
+from mirrorkit.slurm import expand_hostlist
+
+__all__ = [
+    "DEFAULT_PORT",
+    "MAX_PORT",
+    "Layout",
+    "check_ports",
+    "expand_hostlist",
+    "from_slurm",
+    "lost_peer_note",
+    "lost_peers",
+    "multi_host",
+]
+
 #: First port of each host's workers when ``--hosts`` gives none.
-DEFAULT_PORT = 29470
+DEFAULT_PORT = slurm.BASE_PORT
 
 
 @dataclasses.dataclass(frozen=True)
@@ -26,41 +41,21 @@ class Layout:
         addresses: ``host:port`` of every worker, in rank order.
         first_rank: the rank of this host's first worker.
         local_workers: how many workers this host runs.
-        multi_host: whether the job spans several hosts.
+        multi_host: whether the job's workers talk over the network (several
+            hosts, or several launchers of one Slurm step).
+        slurm: whether Slurm's step variables laid it out (not ``--hosts``).
     """
 
     addresses: tuple[str, ...]
     first_rank: int
     local_workers: int
     multi_host: bool
+    slurm: bool = False
 
     @property
     def local_ranks(self) -> range:
         """The global ranks of this host's workers."""
         return range(self.first_rank, self.first_rank + self.local_workers)
-
-
-def expand_hostlist(text: str) -> list[str]:
-    """Expands a Slurm hostlist such as ``node[01-03,07],gpu5``.
-
-    Example:
-    ```python
-    from mirrorkit.launcher.hosts import expand_hostlist
-
-    hosts = expand_hostlist("node[01-03,07],gpu5")
-    assert hosts == ["node01", "node02", "node03", "node07", "gpu5"]
-    ```
-    """
-    hosts = []
-    for prefix, ranges, suffix in re.findall(r"([^,\[]+)(?:\[([^\]]+)\])?([^,\[]*)", text):
-        if not ranges:
-            hosts.append(prefix + suffix)
-            continue
-        for part in ranges.split(","):
-            low, _, high = part.partition("-")
-            for number in range(int(low), int(high or low) + 1):
-                hosts.append(f"{prefix}{number:0{len(low)}d}{suffix}")
-    return hosts
 
 
 def multi_host(
@@ -122,21 +117,56 @@ def check_ports(first: int, count: int, where: str) -> None:
         )
 
 
-def from_slurm(env: Mapping[str, str], nproc: int, port: int = DEFAULT_PORT) -> Layout | None:
-    """The layout of a launch inside a multi-node Slurm allocation, or None outside one.
+def from_slurm(
+    env: Mapping[str, str], nproc: int, port: int | None = None
+) -> tuple[Layout | None, str | None]:
+    """The layout of a launch that is one task of a Slurm step of several, and a warning.
 
-    Uses ``SLURM_JOB_NODELIST`` (or ``SLURM_STEP_NODELIST``) for the hosts and
-    ``SLURM_NODEID`` for this host's rank; run one ``mirrorkit launch`` per
-    node (``srun --ntasks-per-node=1``).
+    Each task of the step (``srun --ntasks-per-node=1 mirrorkit launch -n K``:
+    one per node) runs K workers; task t's worker j has rank ``t * K + j``
+    and listens on ``first_port + local_id * K + j`` of its node (see
+    `mirrorkit.slurm`; `port` overrides ``first_port``).
+
+    Args:
+        env: the environment.
+        nproc: workers this launcher runs (``-n``).
+        port: ``--port``, or None for `mirrorkit.slurm.first_port`.
+
+    Returns:
+        ``(layout, warning)``: layout None outside a step of several tasks;
+        a warning where the Slurm variables describe tasks this launch cannot
+        use as they are (a batch script of a job of several tasks, or several
+        launchers sharing a node), else None.
+
+    Example:
+    ```python
+    from mirrorkit.launcher.hosts import from_slurm
+
+    env = {"SLURM_STEP_ID": "0", "SLURM_STEP_NODELIST": "n[1-2]", "SLURMD_NODENAME": "n2",
+           "SLURM_STEP_TASKS_PER_NODE": "1(x2)", "SLURM_LOCALID": "0", "SLURM_JOB_ID": "48"}
+    job, warning = from_slurm(env, 2)
+    assert job.addresses == ("n1:29470", "n1:29471", "n2:29470", "n2:29471")
+    assert (job.first_rank, warning) == (2, None)
+    ```
     """
-    nodelist = env.get("SLURM_STEP_NODELIST") or env.get("SLURM_JOB_NODELIST")
-    node_id = env.get("SLURM_NODEID")
-    if not nodelist or node_id is None:
-        return None
-    hosts = expand_hostlist(nodelist)
-    if len(hosts) < 2:
-        return None
-    return multi_host(hosts, int(node_id), nproc, port)
+    here = slurm.step(env)
+    if here is None:
+        return None, slurm.outside_step_note(env, f"only this launcher's {nproc} worker(s) train")
+    if port is not None:
+        here = dataclasses.replace(here, first_port=port)
+    check_ports(here.first_port, here.tasks_here * nproc, "the Slurm step's ports")
+    warning = None
+    if here.tasks_here > 1:
+        warning = (
+            f"the Slurm step runs {here.tasks_here} mirrorkit launchers on "
+            f"{here.hosts[here.node_index]}, each starting {nproc} worker(s) (ranks "
+            f"{here.rank * nproc}-{here.rank * nproc + nproc - 1} here): they share the node's "
+            "CPUs unless Slurm binds each task its own, and each pins its workers alone. Run "
+            f"one launcher per node (srun --ntasks-per-node=1 mirrorkit launch -n "
+            f"{here.tasks_here * nproc}), or one task per worker (srun python SCRIPT)"
+        )
+    job = Layout(here.addresses(nproc), here.rank * nproc, nproc, True, slurm=True)
+    return job, warning
 
 
 # What TensorFlow prints when a worker's peer stops answering (TF 2.17 to 2.21):
@@ -205,8 +235,9 @@ def lost_peer_note(output: str, job: Layout) -> str:
     ranks = lost_peers(output, job.addresses)
     if not job.multi_host or not ranks:
         return ""
+    where = "" if job.slurm else " (--node-rank {})"
     peers = ", ".join(
-        f"worker {r} at {job.addresses[r]} (--node-rank {r // job.local_workers})" for r in ranks
+        f"worker {r} at {job.addresses[r]}{where.format(r // job.local_workers)}" for r in ranks
     )
     return (
         f"; it lost contact with {peers}: that worker stopped answering, so its host is down, "

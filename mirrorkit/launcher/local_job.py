@@ -117,7 +117,7 @@ def run_job(
         raise ValueError(
             f"num_workers={num_workers} but the layout runs {layout.local_workers} worker(s) here"
         )
-    cpus = plan_cpus(num_workers, pin, wording)
+    cpus = plan_cpus(num_workers, pin, wording, first=layout.first_rank)
     if allocator.malloc_env():
         _say_once(allocator.describe(), wording)
     private = plan_network(layout, private_network, wording)
@@ -140,6 +140,7 @@ def run_job(
             )
         processes.run_commands(
             [list(target)] * num_workers,
+            first=layout.first_rank,
             env=worker_env,
             timeout_s=timeout_s,
             stream=stream,
@@ -151,7 +152,10 @@ def run_job(
 
 
 def plan_cpus(
-    num_workers: int, pin: bool | Sequence[Sequence[int]], wording: Wording | None = ARGUMENTS
+    num_workers: int,
+    pin: bool | Sequence[Sequence[int]],
+    wording: Wording | None = ARGUMENTS,
+    first: int = 0,
 ) -> list[list[int]] | None:
     """Each local worker's CPUs when pinning is wanted and possible; says what it did.
 
@@ -159,6 +163,7 @@ def plan_cpus(
         num_workers: local workers.
         pin: True, False, or each worker's CPUs (used as given, said nothing).
         wording: how the notice names the switch; None says nothing.
+        first: the job-wide rank of the first local worker, for the notice.
     """
     if pin is False or pin is None:
         return None
@@ -172,7 +177,7 @@ def plan_cpus(
         return None
     switch = (wording or ARGUMENTS).no_pin
     _say_once(
-        f"pinning each worker to its own CPUs ({pinning.describe(groups)}) with TensorFlow "
+        f"pinning each worker to its own CPUs ({pinning.describe(groups, first)}) with TensorFlow "
         f"thread pools of that size; {switch} turns this off",
         wording,
     )

@@ -70,9 +70,9 @@ def thread_env(num_cpus: int) -> dict[str, str]:
     }
 
 
-def describe(groups: Sequence[Sequence[int]]) -> str:
-    """A short text of each worker's CPUs, e.g. ``w0: 0-1, w1: 2-3``."""
-    return ", ".join(f"w{i}: {_span(group)}" for i, group in enumerate(groups))
+def describe(groups: Sequence[Sequence[int]], first: int = 0) -> str:
+    """A short text of each worker's CPUs, e.g. ``w0: 0-1, w1: 2-3``, numbered from `first`."""
+    return ", ".join(f"w{first + i}: {_span(group)}" for i, group in enumerate(groups))
 
 
 def _span(cpus: Sequence[int]) -> str:

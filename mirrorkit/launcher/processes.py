@@ -130,6 +130,7 @@ def run_commands(
     log_dir: str | None = None,
     cpus: Sequence[Sequence[int]] | None = None,
     private_network: bool = False,
+    first: int = 0,
 ) -> None:
     """Runs one command per worker, streams prefixed output, fails fast.
 
@@ -143,11 +144,13 @@ def run_commands(
         stream: where output lines go; `sys.stdout` when None.
         prefix: the label before each worker's index in output lines.
         log_dir: also write worker i's output, unprefixed, to
-            ``log_dir/worker-i.log``.
+            ``log_dir/worker-N.log``, N = `first` + i.
         cpus: ``cpus[i]`` are the only CPUs worker i may run on, with
             TensorFlow's thread pools sized to match (see `pinning`).
         private_network: run every worker inside one new network namespace
             (see `netns`), so their servers are unreachable from outside.
+        first: the job-wide rank of worker 0 here, which output prefixes and
+            log names count from (a host's or Slurm node's first worker).
 
     Raises:
         WorkerError: the first worker that exited non-zero (its last output
@@ -157,14 +160,14 @@ def run_commands(
     envs = [_worker_env(env, cpus, i) for i in range(len(commands))]
     commands = [_pinned(command, cpus[i] if cpus else None) for i, command in enumerate(commands)]
     if private_network:
-        _run_in_private_network(commands, envs, timeout_s, stream, prefix, log_dir)
+        _run_in_private_network(commands, envs, timeout_s, stream, prefix, log_dir, first)
         return
     procs = []
-    logs = _open_logs(log_dir, len(commands))
+    logs = _open_logs(log_dir, len(commands), first)
     try:
         for command, extra_env in zip(commands, envs, strict=True):
             procs.append(_start(command, extra_env))
-        failed, tails = _supervise(procs, stream or sys.stdout, prefix, timeout_s, logs)
+        failed, tails = _supervise(procs, stream or sys.stdout, prefix, timeout_s, logs, first)
     except BaseException:
         stop(procs)
         raise
@@ -194,11 +197,11 @@ def _pinned(command: Sequence[str], cpus: Sequence[int] | None) -> list[str]:
     return [sys.executable, "-m", "mirrorkit.launcher._exec", *pin, "--", *command]
 
 
-def _open_logs(log_dir: str | None, count: int) -> list[BinaryIO]:
+def _open_logs(log_dir: str | None, count: int, first: int = 0) -> list[BinaryIO]:
     if log_dir is None:
         return []
     os.makedirs(log_dir, exist_ok=True)
-    return [open(os.path.join(log_dir, f"worker-{i}.log"), "wb") for i in range(count)]
+    return [open(os.path.join(log_dir, f"worker-{first + i}.log"), "wb") for i in range(count)]
 
 
 def _run_in_private_network(
@@ -208,6 +211,7 @@ def _run_in_private_network(
     stream: TextIO | None,
     prefix: str,
     log_dir: str | None,
+    first: int = 0,
 ) -> None:
     """Runs `run_commands` in a sandbox process that owns a new network namespace."""
     with tempfile.TemporaryDirectory(prefix="mirrorkit-") as workdir:
@@ -221,6 +225,7 @@ def _run_in_private_network(
                     "timeout_s": timeout_s,
                     "prefix": prefix,
                     "log_dir": log_dir and os.path.abspath(log_dir),
+                    "first": first,
                 },
                 f,
             )
@@ -268,10 +273,12 @@ def _supervise(
     prefix: str | None,
     timeout_s: float | None,
     logs: Sequence[BinaryIO],
+    first: int = 0,
 ) -> tuple[int | None, list[collections.deque]]:
     """Streams output until all exit; returns the first failed index and output tails.
 
-    A `prefix` of None passes lines through unlabelled (they already are).
+    A `prefix` of None passes lines through unlabelled (they already are); labels count
+    from `first`.
     """
     deadline = None if timeout_s is None else time.monotonic() + timeout_s
     drop_tf_noise = not tf_noise.keep_startup_lines()
@@ -300,7 +307,7 @@ def _supervise(
             lines = (partial[i] + chunk).split(b"\n")
             partial[i] = lines.pop()
             for line in lines:
-                _forward(line, i, stream, prefix, logs, tails[i], drop_tf_noise)
+                _forward(line, i, stream, prefix, logs, tails[i], drop_tf_noise, first)
             stream.flush()
             for log in logs:
                 log.flush()
@@ -324,6 +331,7 @@ def _forward(
     logs: Sequence[BinaryIO],
     tail: collections.deque,
     drop_tf_noise: bool,
+    first: int = 0,
 ) -> None:
     """Forwards one output line of worker `i`: the one place every worker line passes.
 
@@ -337,7 +345,7 @@ def _forward(
     if drop_tf_noise and tf_noise.is_startup_line(text):
         return
     tail.append(text)
-    stream.write(text + "\n" if prefix is None else f"[{prefix}{i}] {text}\n")
+    stream.write(text + "\n" if prefix is None else f"[{prefix}{first + i}] {text}\n")
 
 
 def _still_running(running: list[int], procs: Sequence[subprocess.Popen]) -> str:

@@ -12,8 +12,11 @@ import argparse
 import contextlib
 import os
 import signal
+import subprocess
 import sys
 import tempfile
+import time
+from collections.abc import Mapping
 
 from mirrorkit.faults import preempted, progress, restart
 from mirrorkit.faults.restart import ENV as RESTART_ENV
@@ -97,7 +100,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--port",
         type=int,
         default=None,
-        help=f"first worker port on each host in a multi-host job (default {hosts.DEFAULT_PORT})",
+        help=f"first worker port on each host in a multi-host job (default {hosts.DEFAULT_PORT}; "
+        "under Slurm, MIRRORKIT_PORT, else one from SLURM_JOB_ID: see docs/clusters.md)",
     )
     parser.add_argument(
         "--tf-startup-logs",
@@ -131,7 +135,9 @@ def layout(args: argparse.Namespace, env: dict[str, str] | None = None) -> hosts
         if args.node_rank is None:
             raise ValueError("--hosts needs --node-rank: this host's index in --hosts")
         return hosts.multi_host(names, args.node_rank, args.num_workers, port)
-    slurm = hosts.from_slurm(env, args.num_workers, port)
+    slurm, warning = hosts.from_slurm(env, args.num_workers, args.port)
+    if warning:
+        local_job.say(f"WARNING: {warning}")
     if slurm is not None:
         return slurm
     if args.port is not None:
@@ -160,6 +166,10 @@ def hang_note(exit_code: int, hang_timeout_s: float | None) -> str:
     )
 
 
+#: When this launcher got SIGTERM (empty: never): a Slurm step being ended, for one.
+_sigterm_received: list[float] = []
+
+
 class _Terminated(BaseException):
     """SIGTERM reached the launcher and the workers did not end within the grace period."""
 
@@ -182,6 +192,7 @@ def _forward_sigterm() -> None:
     def on_sigterm(signum, frame):
         if signal.getitimer(signal.ITIMER_REAL)[0]:  # a second SIGTERM: stop now
             raise _Terminated
+        _sigterm_received.append(time.monotonic())
         workers = preempted.local_workers(os.getpid(), RESTART_ENV)
         local_job.say(
             f"SIGTERM: sent to {len(workers)} worker(s); waiting up to {SIGTERM_GRACE_S} s for "
@@ -200,6 +211,55 @@ def _forward_sigterm() -> None:
 
     signal.signal(signal.SIGTERM, on_sigterm)
     signal.signal(signal.SIGALRM, on_alarm)
+
+
+#: Seconds a failed launcher of a Slurm step leaves the other tasks to end on their own
+#: (TensorFlow ends a collective whose peer is gone within seconds, naming it) before it
+#: ends the step with ``scancel``.
+SLURM_FAIL_GRACE_S = 10
+
+
+def end_slurm_step(env: Mapping[str, str], worker: int, grace_s: float = SLURM_FAIL_GRACE_S):
+    """Ends this Slurm step after a worker here failed, so no other node waits for it.
+
+    Without ``srun -K`` (``--kill-on-bad-exit``) Slurm lets a step's other
+    tasks run on when one fails; a worker that failed before the others'
+    start-up would leave them waiting ``startup_timeout_s``. After `grace_s`
+    (in which the others usually end by themselves, naming the worker they
+    lost), ``scancel --signal=TERM JOB.STEP`` sends every task of the step
+    SIGTERM: another node's launcher passes it to its workers, and a worker
+    still waiting at start-up ends naming the workers that never came up.
+
+    Args:
+        env: the environment (``SLURM_JOB_ID``, ``SLURM_STEP_ID``).
+        worker: the job-wide rank of the worker that failed, for the notice.
+        grace_s: seconds to wait first.
+    """
+    if _sigterm_received:  # the step is being ended already (scancel, srun -K, a time limit)
+        return
+    step = f"{env.get('SLURM_JOB_ID')}.{env.get('SLURM_STEP_ID')}"
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # this launcher is a task of the step too
+    time.sleep(grace_s)
+    try:
+        done = subprocess.run(
+            ["scancel", "--signal=TERM", step], capture_output=True, text=True, timeout=30
+        )
+        why = done.stderr.strip() or f"exit status {done.returncode}" if done.returncode else ""
+    except (OSError, subprocess.TimeoutExpired) as err:
+        why = str(err)
+    if "Invalid job id" in why:  # every other task had ended: nothing is left to stop
+        return
+    if why:
+        local_job.say(
+            f"could not end Slurm step {step} after worker {worker} failed ({why}): its other "
+            "tasks end when TensorFlow notices, or after startup_timeout_s; srun -K ends a "
+            "step at its first failed task"
+        )
+    else:
+        local_job.say(
+            f"sent SIGTERM to Slurm step {step} (scancel) {grace_s:g} s after worker {worker} "
+            "failed, so no other node waits for it"
+        )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -291,6 +351,8 @@ def run(args: argparse.Namespace) -> int:
             + hang_note(err.exit_code, args.hang_timeout_s)
             + hosts.lost_peer_note(err.worker_traceback, job)
         )
+        if job.slurm:
+            end_slurm_step(os.environ, worker)
         return err.exit_code if 0 < err.exit_code < 256 else 1
     except TimeoutError as err:
         local_job.say(str(err))

@@ -208,6 +208,16 @@ def _batched(size=10, count=64):
     return tf.data.Dataset.range(count).batch(size)
 
 
+def _compiled_outside_scope():
+    import keras
+
+    strategy = _strategy2()
+    with strategy.scope():
+        model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)])
+    model.compile(optimizer="adam", loss="mse")
+    model.fit(mk.distribute(_xy(), strategy, global_batch_size=8), verbose=0)
+
+
 def _filtered_batches():
     import tensorflow as tf
 
@@ -432,6 +442,7 @@ def _cases(tmp: pathlib.Path) -> dict[str, Callable[[], object]]:
         # mk.build and callbacks
         "build-model-not-function": lambda: mk.build(_tiny_model(), _strategy2()),
         "build-returns-none": lambda: mk.build(lambda: None, _strategy2()),
+        "compile-outside-scope": _compiled_outside_scope,
         "build-step-logs": lambda: mk.build(_tiny_model, _strategy2(), step_logs="worker"),
         "build-compression": lambda: mk.build(
             _tiny_model, _strategy2(), gradient_compression="int8"

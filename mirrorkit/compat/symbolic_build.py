@@ -94,8 +94,19 @@ def _replacement(original):
             for item in iterator:
                 data_batch = keras.tree.map_structure(_first_local, next(_batch_iterator(item)))
                 break
-        with strategy.scope():
-            symbolic_build(data_batch=data_batch)
+        try:
+            with strategy.scope():
+                symbolic_build(data_batch=data_batch)
+        except RuntimeError as error:
+            if "Mixing different tf.distribute.Strategy objects" not in str(error):
+                raise
+            raise RuntimeError(
+                f"The model was made under {type(strategy).__name__}'s scope, but its optimizer "
+                "or metrics were made outside it (usually model.compile(...) after the `with "
+                "strategy.scope():` block): they must be made under the same strategy. Move "
+                "compile into the block, or build and compile in one function passed to "
+                f"mk.build. TensorFlow said: {error}"
+            ) from error
 
     _maybe_symbolic_build.__wrapped__ = original
     return _maybe_symbolic_build

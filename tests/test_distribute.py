@@ -6,6 +6,7 @@ import pytest
 import tensorflow as tf
 
 import mirrorkit as mk
+from mirrorkit import chief
 
 NUM_EXAMPLES = 1000
 GLOBAL_BATCH = 64
@@ -392,3 +393,14 @@ def test_class_weight_without_the_repair_is_keras_attribute_error():
             model.fit(data, class_weight={0: 1.0, 1: 2.0}, verbose=0)
     finally:
         class_weight.REPAIR.apply()
+
+
+def test_a_cache_after_a_shuffle_is_said_in_training(capfd):
+    shuffled = tf.data.Dataset.range(64).shuffle(64, seed=0).batch(8).cache()
+    mk.distribute(shuffled, _strategy(2), for_eval=True)
+    assert "cache()d after it is shuffled" not in capfd.readouterr().err
+    mk.distribute(shuffled, _strategy(2))
+    assert "every epoch replays the first epoch's order" in capfd.readouterr().err
+    chief._said.clear()  # said once per process: let it be said again if it were due
+    mk.distribute(tf.data.Dataset.range(64).cache().shuffle(64).batch(8), _strategy(2))
+    assert "cache()d after it is shuffled" not in capfd.readouterr().err

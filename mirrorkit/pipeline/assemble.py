@@ -351,3 +351,17 @@ def say_unknown_length() -> None:
         "tf.data.experimental.assert_cardinality(n) to the dataset before mk.distribute; or "
         ".repeat() it and pass steps_per_epoch= to fit",
     )
+
+
+def say_cached_shuffle() -> None:
+    """Says once that a training input caches after its shuffle, and what that does."""
+    chief.say_once(
+        "cached-shuffle",
+        "data is .cache()d after it is shuffled (e.g. text_dataset_from_directory(...)...cache()): "
+        "once that cache is complete, every epoch replays the first epoch's order. Whether it "
+        "completes depends on how far an iterator reads past the last batch: under Keras on one "
+        "device it may be dropped unfinished each epoch (a new order each epoch), while N "
+        "replicas read to its end (the first order again), so epochs after the first can differ "
+        "from one device. For a new order every epoch everywhere, cache before shuffling "
+        "(shuffle=False in the utility, then .cache().shuffle(n))",
+    )

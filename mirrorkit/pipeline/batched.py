@@ -170,3 +170,34 @@ def _verify() -> None:
                 f"the walk over {label} found {got}, not {want} ({type(probe).__name__})",
             )
     _verified = True
+
+
+def caches_a_shuffle(dataset: tf.data.Dataset, max_depth: int = 64) -> bool:
+    """Whether `dataset` caches elements that an earlier step shuffled (``shuffle().cache()``).
+
+    Once such a cache is complete, every later epoch replays the first epoch's
+    order. Whether it completes depends on how far an iterator reads past the
+    last element, which differs between one device and N replicas.
+
+    Example:
+    ```python
+    import tensorflow as tf
+
+    from mirrorkit.pipeline.batched import caches_a_shuffle
+
+    assert caches_a_shuffle(tf.data.Dataset.range(8).shuffle(8).batch(2).cache())
+    assert not caches_a_shuffle(tf.data.Dataset.range(8).cache().shuffle(8).batch(2))
+    ```
+    """
+    _verify()
+    node, cached = dataset, False
+    for _ in range(max_depth):
+        stem = type(node).__name__.lstrip("_").removesuffix("Dataset")
+        if stem == "Cache":
+            cached = True
+        elif stem == "Shuffle" and cached:
+            return True
+        node = getattr(node, _INPUT_LINK, None)
+        if node is None:
+            return False
+    return False

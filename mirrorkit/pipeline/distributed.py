@@ -172,6 +172,8 @@ def _distribute(
     if strategy is None:
         strategy = registry.current_strategy()
     found = batched.find(data) if isinstance(data, tf.data.Dataset) else None
+    if isinstance(data, tf.data.Dataset) and not for_eval and batched.caches_a_shuffle(data):
+        assemble.say_cached_shuffle()
     if found is not None and per_replica_batch_size is None and global_batch_size is None:
         sizes = _own_batch(found, strategy.num_replicas_in_sync)
     else:

@@ -404,3 +404,16 @@ def test_a_cache_after_a_shuffle_is_said_in_training(capfd):
     chief._said.clear()  # said once per process: let it be said again if it were due
     mk.distribute(tf.data.Dataset.range(64).cache().shuffle(64).batch(8), _strategy(2))
     assert "cache()d after it is shuffled" not in capfd.readouterr().err
+
+
+def test_a_padded_batch_dataset_is_kept_when_its_batch_is_the_global_one():
+    padded = tf.data.Dataset.range(10).map(lambda i: tf.fill([i % 3 + 1], i)).padded_batch(4)
+    data = mk.distribute(padded, _strategy(2), for_eval=True)
+    assert (data.global_batch_size, data.steps_per_epoch, data.num_examples) == (4, 3, 10)
+    rows = [r for batch in data for part in _replica_parts(batch) for r in part.tolist()]
+    assert [row[0] for row in rows] == list(range(10))  # padding stays padding, in order
+
+
+def _replica_parts(batch):
+    values = getattr(batch, "values", (batch,))
+    return [v.numpy() for v in values]

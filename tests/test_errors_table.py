@@ -331,6 +331,8 @@ def _flags(*argv: str) -> Callable[[], object]:
 
 def _cases(tmp: pathlib.Path) -> dict[str, Callable[[], object]]:
     tf_config_2 = '{"cluster": {"worker": ["127.0.0.1:2222", "127.0.0.1:2223"]}'
+    slurm_step = {"SLURM_JOB_ID": "7", "SLURM_STEP_ID": "0", "SLURM_STEP_NODELIST": "n[1-2]"}
+    slurm_step.update(SLURM_STEP_TASKS_PER_NODE="1(x2)", SLURMD_NODENAME="n1", SLURM_LOCALID="0")
     return {
         # strategy arguments
         "strategy-kind": lambda: mk.strategy("mirror"),
@@ -372,8 +374,9 @@ def _cases(tmp: pathlib.Path) -> dict[str, Callable[[], object]]:
             ' "task": {"type": "worker", "index": 0}}'
         ),
         "sagemaker-no-tf-config": _said(_sagemaker_hosts_alone),
-        "slurm-ntasks": _env(SLURM_NTASKS="two", SLURM_PROCID="0"),
-        "slurm-procid": _env(SLURM_NTASKS="2", SLURM_PROCID="first"),
+        "slurm-tasks-per-node": _env(**{**slurm_step, "SLURM_STEP_TASKS_PER_NODE": "two"}),
+        "slurm-nodelist": _env(**{**slurm_step, "SLURM_STEP_NODELIST": "n[1-"}),
+        "slurm-localid": _env(**{**slurm_step, "SLURM_LOCALID": "first"}),
         # mirrorkit launch
         "launch-missing-script": _launch("--no-pin", str(tmp / "missing.py")),
         "launch-nproc-word": _launch("-n", "two", "train.py"),

@@ -1,0 +1,167 @@
+"""Slurm for real: a two-node cluster on this machine trains both ways, as one device does.
+
+The module brings up Debian's ``slurmctld`` and two ``slurmd`` once (see
+`_slurm`: each node a network namespace of its own, joined by a veth pair,
+``auth/none``), and every test submits to it from node 0 as a user would:
+
+- one task per worker: ``srun -N2 --ntasks-per-node=1 python train.py``,
+  and the same through ``sbatch examples/slurm/train.sbatch``;
+- one launcher per node: ``srun -N2 mirrorkit launch -n 1 train.py``;
+- a worker that fails before training on the second node, without ``srun -K``;
+- a batch script that runs Python outside ``srun``.
+
+The training script is ``examples/slurm/train.py``; its final weights must
+equal, within 1e-5, those of the same script run on one device in a process
+of its own. Skipped only where Slurm is not installed (``apt-get install -y
+slurmd slurmctld slurm-client``) or network namespaces cannot be made (not
+root, no iproute2).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from _slurm import Cluster, missing
+from _two_hosts import Hosts
+
+ROOT = Path(__file__).resolve().parent.parent
+TRAIN = str(ROOT / "examples" / "slurm" / "train.py")
+SBATCH = str(ROOT / "examples" / "slurm" / "train.sbatch")
+#: A training job's limit: about 40 s each on a loaded 2-core machine.
+JOB_TIMEOUT_S = 300
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    why = missing()
+    if why:
+        pytest.skip(why)
+    hosts = Hosts()
+    if hosts.mode != "netns":
+        hosts.close()
+        pytest.skip(f"two Slurm nodes need network namespaces here: {hosts.why_loopback}")
+    made = Cluster(tmp_path_factory.mktemp("slurm"), hosts)
+    made.env["PYTHON"] = sys.executable  # the interpreter train.sbatch runs (default: python)
+    try:
+        began = time.monotonic()
+        made.start()
+        print(f"\nSlurm up in {time.monotonic() - began:.1f} s")
+        yield made
+    finally:
+        left = made.close()
+        hosts.close()
+    assert left == [], f"processes left running in the Slurm nodes: {left}"
+
+
+@pytest.fixture(scope="module")
+def one_device(tmp_path_factory):
+    """The example's weights on one device, in a process of its own (started at once)."""
+    out = tmp_path_factory.mktemp("one-device") / "weights.npy"
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "TF_CONFIG"))}
+    proc = subprocess.Popen(
+        [sys.executable, TRAIN, "--out", str(out)],
+        env={**env, "TF_CPP_MIN_LOG_LEVEL": "2"},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+
+    def weights():
+        said, _ = proc.communicate(timeout=JOB_TIMEOUT_S)
+        assert proc.returncode == 0, said[-4000:]
+        assert "OneDeviceStrategy, 1 replica on 1 worker (CPU:0)" in said, said[-4000:]
+        return np.load(out)
+
+    yield weights
+    if proc.poll() is None:
+        proc.kill()
+        proc.wait()
+
+
+def _run(cluster: Cluster, *argv: str) -> tuple[subprocess.CompletedProcess, str]:
+    began = time.monotonic()
+    done = cluster.run(list(argv), timeout=JOB_TIMEOUT_S, check=False, cwd=str(ROOT))
+    print(f"{' '.join(argv[:4])} ...: {time.monotonic() - began:.1f} s")
+    return done, done.stdout + done.stderr
+
+
+def test_srun_one_task_per_worker_trains_as_one_device(cluster, one_device, tmp_path):
+    out = tmp_path / "weights.npy"
+    done, said = _run(
+        cluster, "srun", "-N2", "--ntasks-per-node=1", sys.executable, TRAIN, "--out", str(out)
+    )
+    assert done.returncode == 0, said[-6000:] + cluster.logs()
+    # Each task is its own worker on its own node, on the CPU it has (no GPU described).
+    assert "worker 0 of 2 on mk-node0: CPU:0" in said, said[-6000:]
+    assert "worker 1 of 2 on mk-node1: CPU:0" in said, said[-6000:]
+    assert "MultiWorkerMirroredStrategy, 2 replicas on 2 workers (CPU:0 each)" in said
+    np.testing.assert_allclose(np.load(out), one_device(), rtol=0, atol=1e-5)
+
+
+def test_one_launcher_per_node_prefixes_global_ranks_and_trains_as_one_device(
+    cluster, one_device, tmp_path
+):
+    out = tmp_path / "weights.npy"
+    launch = [sys.executable, "-m", "mirrorkit", "launch", "-n", "1"]
+    done, said = _run(cluster, "srun", "-N2", *launch, TRAIN, "--out", str(out))
+    assert done.returncode == 0, said[-6000:] + cluster.logs()
+    assert "[w0] worker 0 of 2 on mk-node0: CPU:0" in said, said[-6000:]
+    assert "[w1] worker 1 of 2 on mk-node1: CPU:0" in said, said[-6000:]  # not [w0]
+    assert "mirrorkit: workers 1-1 of 2 on this host" in said
+    np.testing.assert_allclose(np.load(out), one_device(), rtol=0, atol=1e-5)
+
+
+def test_the_sbatch_example_trains_as_one_device(cluster, one_device, tmp_path):
+    out, log = tmp_path / "weights.npy", tmp_path / "job.out"
+    done, said = _run(cluster, "sbatch", "--wait", f"--output={log}", SBATCH, "--out", str(out))
+    job = log.read_text() if log.exists() else "(no job output)"
+    assert done.returncode == 0, said + job[-6000:] + cluster.logs()
+    assert "worker 1 of 2 on mk-node1: CPU:0" in job, job[-6000:]
+    np.testing.assert_allclose(np.load(out), one_device(), rtol=0, atol=1e-5)
+
+
+_FAILS_ON_NODE_1 = """\
+import os, sys
+sys.path.insert(0, {examples!r})
+if os.uname().nodename == "mk-node1":
+    raise SystemExit("planted failure on mk-node1, before the strategy")
+import train
+train.main()
+"""
+
+
+def test_a_worker_failing_on_one_node_ends_the_job_naming_it_without_srun_k(cluster, tmp_path):
+    script = tmp_path / "fails_on_node_1.py"
+    script.write_text(_FAILS_ON_NODE_1.format(examples=str(Path(TRAIN).parent)))
+    launch = [sys.executable, "-m", "mirrorkit", "launch", "-n", "1"]
+    began = time.monotonic()
+    # No srun -K; worker 0 would wait startup_timeout_s (600 s) for worker 1 without the
+    # failed launcher ending the step.
+    done, said = _run(cluster, "srun", "-N2", *launch, str(script))
+    took = time.monotonic() - began
+    assert done.returncode != 0, said[-6000:]
+    assert "[w1] planted failure on mk-node1, before the strategy" in said, said[-6000:]
+    assert "mirrorkit: worker 1 failed with exit code 1" in said, said[-6000:]
+    assert "mirrorkit: sent SIGTERM to Slurm step" in said, said[-6000:]
+    assert "after worker 1 failed, so no other node waits for it" in said
+    assert took < 150, f"the job took {took:.0f} s to end:\n{said[-6000:]}"
+
+
+def test_a_batch_script_outside_srun_is_told_it_trains_alone(cluster, tmp_path):
+    script, log = tmp_path / "outside.sbatch", tmp_path / "outside.out"
+    script.write_text(f"#!/bin/sh\n{sys.executable} -m mirrorkit info\n")
+    done, said = _run(
+        cluster, "sbatch", "--wait", "-N2", "--ntasks-per-node=2", f"--output={log}", str(script)
+    )
+    job = log.read_text()
+    assert done.returncode == 0, said + job[-4000:]
+    assert "has 4 task(s) on 2 node(s), but this process is not a task of a job step" in job, job
+    assert "`srun python SCRIPT`" in job

@@ -10,8 +10,10 @@ can report or stop the wait. This process can:
   staggered start-up stays quiet) it probes each peer's ``host:port`` (a TCP
   connect, closed at once) and, on the chief, prints which tasks are not up yet;
 - it reads ``/proc/<parent>/status`` (``SigPnd``/``ShdPnd``) for a SIGTERM or
-  SIGINT that the parent blocks during the wait, and catches those signals
-  itself when they are sent to the whole process group (Ctrl-C);
+  SIGINT that the parent blocks during the wait, reads the parent's wakeup
+  descriptor (``wakeup``: Python's C-level handler writes the number of a
+  signal it caught there, SIGINT sent to the parent alone), and catches those
+  signals itself when they are sent to the whole process group (Ctrl-C);
 - after ``timeout`` seconds, or on such a signal, it prints the error and
   SIGKILLs the parent (exit status 137, -9 to Python's subprocess);
 - it exits by itself when its stdin closes: the constructor returned (the
@@ -19,7 +21,8 @@ can report or stop the wait. This process can:
 
 SPEC is one JSON object: ``parent`` (pid), ``timeout`` (s), ``every`` (s),
 ``tasks`` ([[rank, "host:port"], ...], the peers, not this task), ``rank``
-(this task's), ``chief`` (whether to print the progress lines).
+(this task's), ``chief`` (whether to print the progress lines), ``wakeup``
+(the read end of the parent's wakeup descriptor, inherited; optional).
 """
 
 from __future__ import annotations
@@ -34,6 +37,11 @@ import time
 
 _WATCHED = {signal.SIGTERM: "SIGTERM", signal.SIGINT: "SIGINT (Ctrl-C)"}
 _caught: list[int] = []
+_STOP_HINT = (
+    ". To stop the wait: Ctrl-C, SIGINT (kill -INT PID), or SIGTERM to the process group "
+    "(kill -TERM -PGID); a SIGTERM to this process alone is caught by TensorFlow and ends "
+    "the wait only at startup_timeout_s"
+)
 
 
 def _pending(pid: int) -> str | None:
@@ -90,12 +98,19 @@ def main(spec: dict) -> None:
     for number in _WATCHED:
         signal.signal(number, lambda n, _frame: _caught.append(n))
     signal.pthread_sigmask(signal.SIG_UNBLOCK, _WATCHED)  # exec keeps the parent's mask
+    wakeup = spec.get("wakeup")
+    watched = [sys.stdin] + ([wakeup] if wakeup is not None else [])
     start = time.monotonic()
-    next_report = start + 2 * every  # quiet while a normal start-up staggers
+    next_report, hinted = start + 2 * every, False  # quiet while a normal start-up staggers
     while True:
-        ready, _, _ = select.select([sys.stdin], [], [], 0.25)
-        if ready and not os.read(sys.stdin.fileno(), 4096):
+        ready, _, _ = select.select(watched, [], [], 0.25)
+        if sys.stdin in ready and not os.read(sys.stdin.fileno(), 4096):
             return  # the constructor returned, or the parent died
+        if wakeup in ready:
+            numbers = os.read(wakeup, 64)
+            if not numbers:
+                watched.remove(wakeup)  # the parent closed it: stdin says the rest
+            _caught.extend(n for n in numbers if n in _WATCHED)
         signal_name = _pending(parent) or (_WATCHED[_caught[0]] if _caught else None)
         if signal_name:
             _end(
@@ -129,9 +144,11 @@ def main(spec: dict) -> None:
                     if missing
                     else "all tasks answer; waiting for them to join"
                 )
+                hint = "" if hinted else _STOP_HINT
+                hinted = True
                 _say(
                     f"waiting for the other workers ({now - start:.0f} s of "
-                    f"{timeout:g} s startup_timeout_s): {status}"
+                    f"{timeout:g} s startup_timeout_s): {status}{hint}"
                 )
 
 

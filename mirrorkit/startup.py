@@ -16,12 +16,23 @@ pending. The helper:
   one signal TensorFlow cannot catch during the wait);
 - on SIGTERM or Ctrl-C during the wait does the same at once.
 
-Which signals it sees (measured on TF 2.21): Ctrl-C at a terminal, and SIGTERM
-or SIGINT sent to the process group (``kill -TERM -PGID``, Slurm, `mirrorkit
-launch`'s teardown, a container runtime stopping the group), since the helper
-shares the group. A SIGTERM sent to this process id alone is delivered to a
-thread TensorFlow started with signals unblocked and swallowed by TensorFlow's
-preemption notifier; only ``startup_timeout_s`` bounds that case.
+Which signals it sees (measured on TF 2.21):
+
+- SIGINT, to the process group or to this process alone (Ctrl-C at a
+  terminal, ``kill -INT PID``, a supervisor that signals only its child): a
+  process-directed signal goes to a thread that does not block it (one numpy's
+  BLAS or the user started before the wait), where Python's C-level handler
+  writes its number to a wakeup descriptor (`signal.set_wakeup_fd`) that the
+  helper reads; a group signal also reaches the helper itself;
+- SIGTERM sent to the process group (``kill -TERM -PGID``, Slurm, `mirrorkit
+  launch`'s teardown, a container runtime stopping the group), since the
+  helper shares the group.
+
+A SIGTERM sent to this process id alone (``kill PID``, a container's PID 1)
+is not seen: TensorFlow's preemption notifier installs its own C handler
+during the constructor, before the wait, and that handler only sets a flag;
+only ``startup_timeout_s`` bounds that case, and the chief's first "waiting
+for" line says so, with the signals that do stop the wait.
 
 Once the constructor returns, the helper exits and the signals are unblocked.
 """
@@ -129,17 +140,27 @@ def watch(
         "rank": info.worker_index,
         "chief": info.is_chief,
     }
+    # Python's C-level handler writes the number of each signal it catches (SIGINT) to the
+    # wakeup descriptor, from whichever thread the kernel chose, while TensorFlow holds the GIL
+    wakeup, wakeup_write = os.pipe()
+    os.set_blocking(wakeup_write, False)
+    spec["wakeup"] = wakeup
     before = signal.pthread_sigmask(signal.SIG_BLOCK, _SIGNALS)
-    helper = subprocess.Popen(
-        [
-            sys.executable,
-            "-I",
-            str(Path(__file__).with_name("_startup_watch.py")),
-            json.dumps(spec),
-        ],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.DEVNULL,
-    )
+    previous_wakeup = signal.set_wakeup_fd(wakeup_write, warn_on_full_buffer=False)
+    try:
+        helper = subprocess.Popen(
+            [
+                sys.executable,
+                "-I",
+                str(Path(__file__).with_name("_startup_watch.py")),
+                json.dumps(spec),
+            ],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.DEVNULL,
+            pass_fds=(wakeup,),
+        )
+    finally:
+        os.close(wakeup)
     try:
         yield
     finally:
@@ -149,6 +170,8 @@ def watch(
         except subprocess.TimeoutExpired:
             helper.kill()
             helper.wait()
+        signal.set_wakeup_fd(previous_wakeup)
+        os.close(wakeup_write)
         signal.pthread_sigmask(signal.SIG_SETMASK, before)
 
 

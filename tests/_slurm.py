@@ -182,6 +182,29 @@ class Cluster:
             )
         return done
 
+    def sbatch(self, argv: list[str], *, timeout: float, cwd: str | None = None) -> tuple[int, str]:
+        """Submits ``sbatch argv`` from node 0 and waits for the job; returns (exit code, state).
+
+        Polls ``scontrol show job`` twice a second: ``sbatch --wait`` polls at
+        growing intervals and returned 30 s after a 10 s job.
+        """
+        submitted = self.run(["sbatch", "--parsable", *argv], timeout=30, cwd=cwd)
+        job = submitted.stdout.strip().split(";")[0]
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            shown = self.run(["scontrol", "-o", "show", "job", job], timeout=30).stdout
+            fields = dict(f.split("=", 1) for f in shown.split() if "=" in f)
+            if fields.get("JobState") not in (
+                None,
+                "PENDING",
+                "CONFIGURING",
+                "RUNNING",
+                "COMPLETING",
+            ):
+                return int(fields["ExitCode"].split(":")[0]), fields["JobState"]
+            time.sleep(0.5)
+        raise TimeoutError(f"Slurm job {job} did not end in {timeout:g} s:\n{self.logs()}")
+
     def logs(self) -> str:
         """The daemons' log tails, for a failure message."""
         text = []

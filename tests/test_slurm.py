@@ -33,8 +33,10 @@ from _two_hosts import Hosts
 ROOT = Path(__file__).resolve().parent.parent
 TRAIN = str(ROOT / "examples" / "slurm" / "train.py")
 SBATCH = str(ROOT / "examples" / "slurm" / "train.sbatch")
-#: A training job's limit: about 40 s each on a loaded 2-core machine.
+#: A training job's limit: 10 to 40 s each on a loaded 2-core machine.
 JOB_TIMEOUT_S = 300
+#: One epoch of 16 steps: enough for the weights to tell a wrong job from a right one.
+EPOCHS = ("--epochs", "1")
 
 pytestmark = pytest.mark.slow
 
@@ -67,7 +69,7 @@ def one_device(tmp_path_factory):
     out = tmp_path_factory.mktemp("one-device") / "weights.npy"
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "TF_CONFIG"))}
     proc = subprocess.Popen(
-        [sys.executable, TRAIN, "--out", str(out)],
+        [sys.executable, TRAIN, *EPOCHS, "--out", str(out)],
         env={**env, "TF_CPP_MIN_LOG_LEVEL": "2"},
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
@@ -93,10 +95,25 @@ def _run(cluster: Cluster, *argv: str) -> tuple[subprocess.CompletedProcess, str
     return done, done.stdout + done.stderr
 
 
+def _sbatch(cluster: Cluster, *argv: str) -> tuple[int, str]:
+    began = time.monotonic()
+    ended = cluster.sbatch(list(argv), timeout=JOB_TIMEOUT_S, cwd=str(ROOT))
+    print(f"sbatch {argv[-1] if len(argv) < 4 else argv[1]} ...: {time.monotonic() - began:.1f} s")
+    return ended
+
+
 def test_srun_one_task_per_worker_trains_as_one_device(cluster, one_device, tmp_path):
     out = tmp_path / "weights.npy"
     done, said = _run(
-        cluster, "srun", "-N2", "--ntasks-per-node=1", sys.executable, TRAIN, "--out", str(out)
+        cluster,
+        "srun",
+        "-N2",
+        "--ntasks-per-node=1",
+        sys.executable,
+        TRAIN,
+        *EPOCHS,
+        "--out",
+        str(out),
     )
     assert done.returncode == 0, said[-6000:] + cluster.logs()
     # Each task is its own worker on its own node, on the CPU it has (no GPU described).
@@ -111,7 +128,7 @@ def test_one_launcher_per_node_prefixes_global_ranks_and_trains_as_one_device(
 ):
     out = tmp_path / "weights.npy"
     launch = [sys.executable, "-m", "mirrorkit", "launch", "-n", "1"]
-    done, said = _run(cluster, "srun", "-N2", *launch, TRAIN, "--out", str(out))
+    done, said = _run(cluster, "srun", "-N2", *launch, TRAIN, *EPOCHS, "--out", str(out))
     assert done.returncode == 0, said[-6000:] + cluster.logs()
     assert "[w0] worker 0 of 2 on mk-node0: CPU:0" in said, said[-6000:]
     assert "[w1] worker 1 of 2 on mk-node1: CPU:0" in said, said[-6000:]  # not [w0]
@@ -121,9 +138,9 @@ def test_one_launcher_per_node_prefixes_global_ranks_and_trains_as_one_device(
 
 def test_the_sbatch_example_trains_as_one_device(cluster, one_device, tmp_path):
     out, log = tmp_path / "weights.npy", tmp_path / "job.out"
-    done, said = _run(cluster, "sbatch", "--wait", f"--output={log}", SBATCH, "--out", str(out))
+    exit_code, state = _sbatch(cluster, f"--output={log}", SBATCH, *EPOCHS, "--out", str(out))
     job = log.read_text() if log.exists() else "(no job output)"
-    assert done.returncode == 0, said + job[-6000:] + cluster.logs()
+    assert (exit_code, state) == (0, "COMPLETED"), job[-6000:] + cluster.logs()
     assert "worker 1 of 2 on mk-node1: CPU:0" in job, job[-6000:]
     np.testing.assert_allclose(np.load(out), one_device(), rtol=0, atol=1e-5)
 
@@ -158,10 +175,8 @@ def test_a_worker_failing_on_one_node_ends_the_job_naming_it_without_srun_k(clus
 def test_a_batch_script_outside_srun_is_told_it_trains_alone(cluster, tmp_path):
     script, log = tmp_path / "outside.sbatch", tmp_path / "outside.out"
     script.write_text(f"#!/bin/sh\n{sys.executable} -m mirrorkit info\n")
-    done, said = _run(
-        cluster, "sbatch", "--wait", "-N2", "--ntasks-per-node=2", f"--output={log}", str(script)
-    )
+    exit_code, _ = _sbatch(cluster, "-N2", "--ntasks-per-node=2", f"--output={log}", str(script))
     job = log.read_text()
-    assert done.returncode == 0, said + job[-4000:]
+    assert exit_code == 0, job[-4000:]
     assert "has 4 task(s) on 2 node(s), but this process is not a task of a job step" in job, job
     assert "`srun python SCRIPT`" in job

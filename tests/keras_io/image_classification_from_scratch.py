@@ -17,7 +17,7 @@
 # import mirrorkit; strategy = mk.strategy(...); `with strategy.scope():` around the lines
 # from make_model to compile (re-indented); BatchNormalization(synchronized=True) in the four
 # BatchNormalization lines (unsynchronized, each replica normalises its own half-batch); the
-# training set through mk.distribute (shuffle=False: image_dataset_from_directory shuffles).
+# training set through mk.distribute (its batches, order and shuffle kept: its batch is the global batch).
 
 import numpy as np
 
@@ -242,7 +242,7 @@ def ported(workdir, cpu_replicas):
             metrics=[keras.metrics.BinaryAccuracy(name="acc")],
         )
     history = model.fit(
-        mk.distribute(train_ds, strategy, global_batch_size=batch_size, shuffle=False),
+        mk.distribute(train_ds),
         epochs=epochs,
         callbacks=callbacks,
         validation_data=val_ds,

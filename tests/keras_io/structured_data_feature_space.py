@@ -19,7 +19,7 @@
 # Changed for mirrorkit (`ported` against `original`, LINES_CHANGED, counted by difflib):
 # import mirrorkit; strategy = mk.strategy(...); `with strategy.scope():` around the lines
 # from the first Dense to compile (re-indented); the training set through mk.distribute
-# (shuffle=False: the pipeline shuffles itself).
+# (its batches, order and shuffle kept: its batch is the global batch).
 
 import numpy as np
 
@@ -263,7 +263,7 @@ def ported(workdir, cpu_replicas):
     inference_model = keras.Model(inputs=dict_inputs, outputs=predictions)
 
     history = training_model.fit(
-        mk.distribute(preprocessed_train_ds, strategy, global_batch_size=32, shuffle=False),
+        mk.distribute(preprocessed_train_ds),
         epochs=2,
         validation_data=preprocessed_val_ds,
         verbose=0,

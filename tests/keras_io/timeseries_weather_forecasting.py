@@ -268,7 +268,7 @@ def ported(workdir, cpu_replicas):
     )
 
     history = model.fit(
-        mk.distribute(dataset_train, strategy, global_batch_size=batch_size),
+        mk.distribute(dataset_train),
         epochs=epochs,
         validation_data=dataset_val,
         callbacks=[es_callback, modelckpt_callback],

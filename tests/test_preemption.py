@@ -29,14 +29,14 @@ import pytest
 TESTS = str(Path(__file__).parent)
 
 _SCRIPT = """
-    import sys, time
+    import os, signal, sys, time
     sys.path.insert(0, {tests!r})
     import keras
     import numpy as np
     from _training import GLOBAL_BATCH, make_data, make_model
     import mirrorkit as mk
 
-    ckpt, out, slow = sys.argv[1], sys.argv[2], sys.argv[3] == "slow"
+    ckpt, out, slow, late = sys.argv[1], sys.argv[2], sys.argv[3] == "slow", sys.argv[3] == "late"
     strategy = mk.strategy()
     rank = mk.describe(strategy).worker_index
     model = mk.build(lambda: make_model("sgd", 0.1), strategy)
@@ -44,7 +44,13 @@ _SCRIPT = """
 
     class Events(keras.callbacks.Callback):
         def on_epoch_begin(self, epoch, logs=None):
+            self.epoch = epoch
             print(f"RAN epoch {{epoch + 1}} worker {{rank}}", flush=True)
+
+        def on_train_batch_begin(self, batch, logs=None):
+            if late and rank == 1 and (self.epoch, batch) == (3, 3):  # fit's last step
+                print("SIGTERM to worker 1 before fit's last step", flush=True)
+                os.kill(os.getpid(), signal.SIGTERM)
 
         def on_train_batch_end(self, batch, logs=None):
             if slow:
@@ -56,14 +62,14 @@ _SCRIPT = """
 """
 
 
-def _command(tmp_path, workers, slow):
+def _command(tmp_path, workers, slow, mode=None):
     script = tmp_path / "train_preempt.py"
     script.write_text(textwrap.dedent(_SCRIPT.format(tests=TESTS)))
     return [sys.executable, "-m", "mirrorkit", "launch", "-n", str(workers), "--no-pin"] + [
         str(script),
         str(tmp_path / "preempt"),
         str(tmp_path / "final.npy"),
-        "slow" if slow else "fast",
+        mode or ("slow" if slow else "fast"),
     ]
 
 
@@ -128,3 +134,27 @@ def test_sigterm_saves_at_one_step_and_the_next_launch_on_one_worker_resumes(tmp
     assert f"resuming with the checkpoint's shuffle seed {seed}" in log, log[-4000:]
     reference = _uninterrupted(seed, str(tmp_path / "reference"))
     np.testing.assert_allclose(np.load(tmp_path / "final.npy"), reference, atol=1e-5)
+
+
+@pytest.mark.slow
+def test_sigterm_before_fits_last_step_completes_the_job_and_says_so(tmp_path):
+    """No step boundary is left to agree on: fit completes on both workers; the chief says so."""
+    done = subprocess.run(
+        _command(tmp_path, 2, slow=False, mode="late"),
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=_env(),
+    )
+    log = done.stdout + done.stderr
+    assert done.returncode == 0, log[-4000:]
+    assert "SIGTERM to worker 1 before fit's last step" in log
+    said = re.findall(
+        r"\[w(\d)\] mirrorkit: SIGTERM reached worker 1 in the last steps of fit", log
+    )
+    assert said == ["0"], log[-4000:]  # once, by the chief
+    assert "fit completed instead, so there is nothing to resume" in log
+    assert not (tmp_path / "preempt").exists()
+    seed = int(re.search(r"shuffling with seed (\d+)", log).group(1))
+    reference = _uninterrupted(seed, str(tmp_path / "reference"))
+    np.testing.assert_allclose(np.load(tmp_path / "final.npy"), reference, rtol=0, atol=1e-6)

@@ -241,3 +241,27 @@ def test_keras_own_backup_and_initial_epoch_resume_a_shuffled_input_in_its_order
     assert "resuming from keras.callbacks.BackupAndRestore(save_freq=3)" in said, said
     assert "back up at each epoch's end (save_freq='epoch', as mk.resumable does)" in said
     assert said.count("BackupAndRestore(save_freq=3)") == 1
+
+
+@pytest.mark.slow
+def test_sigterm_at_an_epochs_last_step_resumes_and_at_fits_last_step_completes_saying_so(
+    tmp_path, capsys, sigterm_handler_restored
+):
+    reference = _train(2, [])
+    # before the last step of epoch 1: the boundary agreed on is in epoch 2, and resumes there
+    ckpt = str(tmp_path / "epoch-end")
+    with pytest.raises(SystemExit) as stopped:
+        _train(2, [lambda d: mk.PreemptionCheckpoint(ckpt, d), lambda d: _TermAt(0, 3)])
+    assert stopped.value.code == EXIT_STATUS
+    resumed = _train(2, [lambda d: mk.PreemptionCheckpoint(ckpt, d)])
+    said = capsys.readouterr()
+    assert "resuming from the preemption checkpoint at epoch 2 step" in said.out, said
+    np.testing.assert_allclose(resumed, reference, rtol=0, atol=1e-6)
+    # before the last step of fit: no boundary is left; fit completes and says so
+    ckpt = str(tmp_path / "fit-end")
+    completed = _train(2, [lambda d: mk.PreemptionCheckpoint(ckpt, d), lambda d: _TermAt(2, 3)])
+    said = capsys.readouterr()
+    assert "SIGTERM reached this process in the last steps of fit" in said.err + said.out, said
+    assert "fit completed instead, so there is nothing to resume" in said.err + said.out
+    assert not os.path.exists(ckpt)
+    np.testing.assert_allclose(completed, reference, rtol=0, atol=1e-6)

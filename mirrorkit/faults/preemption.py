@@ -21,6 +21,11 @@ callback adds what Keras's ``fit`` needs from it:
   the same global batches whatever the replica count. A different global
   batch is refused unless ``new_global_batch=True``.
 
+A SIGTERM in the last steps of ``fit`` (TensorFlow agrees on a boundary a
+step or two after the one in flight, and none is left) saves nothing: ``fit``
+completes on every worker, which is the uninterrupted run, and the chief says
+so (tested on 2 workers, SIGTERM before the last step).
+
 The checkpoint is TensorFlow's (``tf.train.Checkpoint`` of the model and its
 optimizer); the chief keeps it in ``checkpoint_dir`` (storage every worker
 sees) and deletes it when ``fit`` completes. Resuming at a step needs an input
@@ -36,7 +41,9 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import sys
+import threading
 from typing import Any
 
 import keras
@@ -139,6 +146,7 @@ class PreemptionCheckpoint(keras.callbacks.Callback):
             checkpoint_dir=self.checkpoint_dir,
             termination_config=config,
         )
+        self._note_sigterm()
         saved_batch = int(self._batch.numpy())
         if saved_batch == 0:  # nothing restored: a fresh start
             self._batch.assign(self.global_batch_size)
@@ -203,10 +211,54 @@ class PreemptionCheckpoint(keras.callbacks.Callback):
         self._handler.save_checkpoint_if_preempted()
 
     def on_train_end(self, logs=None):
-        """A completed fit needs no preemption checkpoint: the chief deletes it."""
+        """A completed fit needs no checkpoint: the chief deletes it (and says a late SIGTERM)."""
         self._restore_train_function()
+        self._say_if_completed_after_sigterm()
         if chief.is_chief() and os.path.isdir(self.checkpoint_dir):
             shutil.rmtree(self.checkpoint_dir, ignore_errors=True)
+
+    # -- a SIGTERM after the last step boundary ------------------------------
+
+    _sigterm_seen = False
+    _tf_sigterm = None
+
+    def _note_sigterm(self) -> None:
+        """Notes a SIGTERM on its way to TensorFlow's handler (public `signal` API only).
+
+        TensorFlow's handler agrees on a step boundary a little after the step in
+        flight; a SIGTERM in the last steps of ``fit`` finds no boundary left, and
+        ``fit`` completes: `on_train_end` then says so, since nothing is left to resume.
+        """
+        handler = signal.getsignal(signal.SIGTERM)
+        if not callable(handler) or threading.current_thread() is not threading.main_thread():
+            return
+
+        def noted(signum, frame):
+            self._sigterm_seen = True
+            handler(signum, frame)
+
+        self._tf_sigterm = handler
+        signal.signal(signal.SIGTERM, noted)
+
+    def _say_if_completed_after_sigterm(self) -> None:
+        if self._tf_sigterm is None:
+            return
+        signal.signal(signal.SIGTERM, self._tf_sigterm)  # TensorFlow's own again
+        self._tf_sigterm = None
+        strategy = self.model.distribute_strategy
+        if workers.num_workers(strategy) > 1:  # every worker calls it: one collective
+            table = workers.gather(strategy, [1.0 if self._sigterm_seen else 0.0])
+            which = [str(i) for i in range(len(table)) if table[i, 0]]
+            who = f"worker {', '.join(which)}"
+        else:
+            which, who = ["0"] if self._sigterm_seen else [], "this process"
+        if not which:
+            return
+        chief.say(
+            f"SIGTERM reached {who} in the last steps of fit, after the last step boundary every "
+            "worker could agree on to save at: fit completed instead, so there is nothing to "
+            "resume and no preemption checkpoint is kept; the weights are those of the whole run"
+        )
 
     # -- resuming mid-epoch -------------------------------------------------
 

@@ -109,6 +109,7 @@ def test_srun_one_task_per_worker_trains_as_one_device(cluster, one_device, tmp_
         "srun",
         "-N2",
         "--ntasks-per-node=1",
+        "--export=ALL,CUDA_VISIBLE_DEVICES=0",  # a GPU this CPU node does not have
         sys.executable,
         TRAIN,
         *EPOCHS,
@@ -116,7 +117,8 @@ def test_srun_one_task_per_worker_trains_as_one_device(cluster, one_device, tmp_
         str(out),
     )
     assert done.returncode == 0, said[-6000:] + cluster.logs()
-    # Each task is its own worker on its own node, on the CPU it has (no GPU described).
+    # Each task is its own worker on its own node, on the CPU it has: no GPU described,
+    # whatever CUDA_VISIBLE_DEVICES says.
     assert "worker 0 of 2 on mk-node0: CPU:0" in said, said[-6000:]
     assert "worker 1 of 2 on mk-node1: CPU:0" in said, said[-6000:]
     assert "MultiWorkerMirroredStrategy, 2 replicas on 2 workers (CPU:0 each)" in said

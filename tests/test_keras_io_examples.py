@@ -68,11 +68,21 @@ KNOWN_DIFFERENCES = {
 }
 
 
+#: Known differences whose appearance depends on timing (how far an iterator reads ahead):
+#: not strict, so that a run where both sides happen to agree does not fail CI. What does not
+#: depend on timing is checked strictly (`test_text_example_first_epoch_as_one_device`).
+TIMING_DEPENDENT = {"text_classification_from_scratch"}
+
+
 def _cases(part):
     return [
         pytest.param(
             name,
-            marks=[pytest.mark.xfail(strict=True, reason=KNOWN_DIFFERENCES[(name, part)])]
+            marks=[
+                pytest.mark.xfail(
+                    strict=name not in TIMING_DEPENDENT, reason=KNOWN_DIFFERENCES[(name, part)]
+                )
+            ]
             if (name, part) in KNOWN_DIFFERENCES
             else [],
         )
@@ -97,6 +107,15 @@ def test_history_and_steps_as_one_device(runs, name):
         _close(f"History[{key!r}]", values, two["history"][key])
     for key in sorted(set(one) - {"history", "weights", "iterations"}):
         _close(key, one[key], two[key])
+
+
+@pytest.mark.slow
+def test_text_example_first_epoch_as_one_device(runs):
+    """Its cache is filled in epoch 1 on both sides; only later epochs' orders may differ."""
+    one, two = _results(runs, "text_classification_from_scratch")
+    assert two["iterations"] == one["iterations"], "optimizer.iterations"
+    for key, values in one["history"].items():
+        _close(f"History[{key!r}][0]", values[:1], two["history"][key][:1])
 
 
 @pytest.mark.slow

@@ -95,6 +95,11 @@ def _run(cluster: Cluster, *argv: str) -> tuple[subprocess.CompletedProcess, str
     return done, done.stdout + done.stderr
 
 
+def _same_as_one_device(weights: np.ndarray, one: np.ndarray) -> None:
+    print(f"largest difference from one device: {np.abs(weights - one).max():.1e}")
+    np.testing.assert_allclose(weights, one, rtol=0, atol=1e-5)
+
+
 def _sbatch(cluster: Cluster, *argv: str) -> tuple[int, str]:
     began = time.monotonic()
     ended = cluster.sbatch(list(argv), timeout=JOB_TIMEOUT_S, cwd=str(ROOT))
@@ -122,7 +127,7 @@ def test_srun_one_task_per_worker_trains_as_one_device(cluster, one_device, tmp_
     assert "worker 0 of 2 on mk-node0: CPU:0" in said, said[-6000:]
     assert "worker 1 of 2 on mk-node1: CPU:0" in said, said[-6000:]
     assert "MultiWorkerMirroredStrategy, 2 replicas on 2 workers (CPU:0 each)" in said
-    np.testing.assert_allclose(np.load(out), one_device(), rtol=0, atol=1e-5)
+    _same_as_one_device(np.load(out), one_device())
 
 
 def test_one_launcher_per_node_prefixes_global_ranks_and_trains_as_one_device(
@@ -135,7 +140,7 @@ def test_one_launcher_per_node_prefixes_global_ranks_and_trains_as_one_device(
     assert "[w0] worker 0 of 2 on mk-node0: CPU:0" in said, said[-6000:]
     assert "[w1] worker 1 of 2 on mk-node1: CPU:0" in said, said[-6000:]  # not [w0]
     assert "mirrorkit: workers 1-1 of 2 on this host" in said
-    np.testing.assert_allclose(np.load(out), one_device(), rtol=0, atol=1e-5)
+    _same_as_one_device(np.load(out), one_device())
 
 
 def test_the_sbatch_example_trains_as_one_device(cluster, one_device, tmp_path):
@@ -144,7 +149,7 @@ def test_the_sbatch_example_trains_as_one_device(cluster, one_device, tmp_path):
     job = log.read_text() if log.exists() else "(no job output)"
     assert (exit_code, state) == (0, "COMPLETED"), job[-6000:] + cluster.logs()
     assert "worker 1 of 2 on mk-node1: CPU:0" in job, job[-6000:]
-    np.testing.assert_allclose(np.load(out), one_device(), rtol=0, atol=1e-5)
+    _same_as_one_device(np.load(out), one_device())
 
 
 _FAILS_ON_NODE_1 = """\

@@ -7,7 +7,7 @@ The module brings up Debian's ``slurmctld`` and two ``slurmd`` once (see
 - one task per worker: ``srun -N2 --ntasks-per-node=1 python train.py``,
   and the same through ``sbatch examples/slurm/train.sbatch``;
 - one launcher per node: ``srun -N2 mirrorkit launch -n 1 train.py``;
-- a worker that fails before training on the second node, without ``srun -K``;
+- a worker that fails before training on the second node, with and without ``srun -K``;
 - a batch script that runs Python outside ``srun``.
 
 The training script is ``examples/slurm/train.py``; its final weights must
@@ -162,14 +162,15 @@ train.main()
 """
 
 
-def test_a_worker_failing_on_one_node_ends_the_job_naming_it_without_srun_k(cluster, tmp_path):
+@pytest.mark.parametrize("srun_k", [(), ("-K",)], ids=["without srun -K", "with srun -K"])
+def test_a_worker_failing_on_one_node_ends_the_job_naming_it(cluster, tmp_path, srun_k):
     script = tmp_path / "fails_on_node_1.py"
     script.write_text(_FAILS_ON_NODE_1.format(examples=str(Path(TRAIN).parent)))
     launch = [sys.executable, "-m", "mirrorkit", "launch", "-n", "1"]
     began = time.monotonic()
-    # No srun -K; worker 0 would wait startup_timeout_s (600 s) for worker 1 without the
-    # failed launcher ending the step.
-    done, said = _run(cluster, "srun", "-N2", *launch, str(script))
+    # Without srun -K, worker 0 would wait startup_timeout_s (600 s) for worker 1 unless the
+    # failed launcher ends the step.
+    done, said = _run(cluster, "srun", *srun_k, "-N2", *launch, str(script))
     took = time.monotonic() - began
     assert done.returncode != 0, said[-6000:]
     assert "[w1] planted failure on mk-node1, before the strategy" in said, said[-6000:]

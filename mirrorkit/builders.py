@@ -155,9 +155,9 @@ def _take_slurm_gpus() -> None:
     tf.config.set_visible_devices([physical[i] for i in share], "GPU")
     chief.say_once(
         "slurm-gpu-share",
-        f"Slurm: the step's {here.tasks_here} tasks on each node share its "
-        f"{len(physical)} GPUs; local task j (SLURM_LOCALID) trains on the j-th "
-        f"{len(share)} (this one: physical GPU(s) {share.start}-{share.stop - 1})",
+        f"Slurm: the step's {here.tasks_here} tasks on {here.hosts[here.node_index]} share "
+        f"the {len(physical)} GPUs each sees (no --gpus-per-task); local task j (SLURM_LOCALID) "
+        f"trains on the j-th {len(share)} of them (this one: {share.start}-{share.stop - 1})",
     )
 
 

@@ -30,6 +30,13 @@ from mirrorkit.launcher.processes import WorkerError
 
 #: Environment variable holding the attempt number (0: the first launch).
 ENV = "MIRRORKIT_RESTART"
+#: What a restart does, said after each: a job on one host, and on several.
+ONE_HOST = "Every worker was stopped and the whole job starts again on fresh ports"
+MULTI_HOST = (
+    "Every worker on this host was stopped and starts again on the same port; each host's "
+    "launcher restarts its own workers when they fail, and the restarted workers wait for "
+    "each other (startup_timeout_s), so a host whose link comes back in that time rejoins"
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -62,8 +69,9 @@ class Failure:
         """How the next attempt resumes, with the steps redone when known."""
         if self.resume is None:
             return (
-                "the job starts again from the beginning (no mk.resumable backup was seen; "
-                "with one it resumes from its last backup)"
+                "where it resumes is not known here (no mk.resumable progress record): a script "
+                "with keras.callbacks.BackupAndRestore resumes from its last backup, one without "
+                "a backup starts from the beginning"
             )
         text = f"resuming from the backup at {self.resume}"
         done = None if self.at is None else self.at.steps(self.steps_per_epoch)
@@ -98,6 +106,7 @@ def run_with_restarts(
     *,
     describe: Callable[[WorkerError], str] = str,
     failure: Callable[[int], Failure] | None = None,
+    restarted: str = ONE_HOST,
 ) -> int:
     """Runs `run_once(attempt)` until it returns, restarting on `WorkerError`.
 
@@ -109,6 +118,7 @@ def run_with_restarts(
         describe: how a failure's cause is named (``worker 1 killed by SIGKILL``).
         failure: ``failure(attempt)`` tells where that attempt failed and
             where the next resumes; None: unknown (every failure counts together).
+        restarted: what a restart does, said after each (`ONE_HOST`, `MULTI_HOST`).
 
     Returns:
         How many restarts it took.
@@ -150,6 +160,5 @@ def run_with_restarts(
             attempt += 1
             say(
                 f"restart {count + 1} of {max_restarts}: {describe(err)}{where.where()}; "
-                f"{where.resuming()}. Every worker was stopped and the whole job starts again "
-                "on fresh ports"
+                f"{where.resuming()}. {restarted}"
             )

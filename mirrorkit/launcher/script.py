@@ -339,6 +339,11 @@ def run(args: argparse.Namespace) -> int:
                 local_job.say,
                 describe=describe,
                 failure=lambda _attempt: restart.Failure.read(progress_file),
+                restarted=(
+                    restart.MULTI_HOST
+                    if len(job.addresses) > job.local_workers
+                    else restart.ONE_HOST
+                ),
             )
     except preempted.Preempted as err:
         local_job.say(str(err))

@@ -133,17 +133,6 @@ def mark_stream(distributed: Any) -> None:
     fit_epoch.listen(_fit_begins_epoch)
 
 
-def begin_epoch(epoch: int, data: Any = None) -> None:
-    """Sets Keras's `epoch` on `data`'s order, or (no `data`) on every live shuffled array input.
-
-    Args:
-        epoch: the epoch Keras is beginning (0-based).
-        data: the dataset `mk.distribute` returned, if known.
-    """
-    for order in orders(data):
-        order.begin(epoch)
-
-
 def orders(data: Any = None) -> list[EpochOrder]:
     """`data`'s epoch order (a list of one, or none), or every live one when `data` is None."""
     if data is not None:

@@ -52,6 +52,7 @@ def test_enable_is_idempotent_and_disable_restores():
         "chief_model_export",
         "class_weight",
         "custom_train_step_notice",
+        "backup_step_epoch",
     ]
     assert compat.enable() == everything
     patched = trainer.reduce_per_replica
@@ -90,6 +91,7 @@ def test_strategy_applies_what_it_needs():
         "gradient_accumulation",
         "class_weight",
         "custom_train_step_notice",
+        "backup_step_epoch",
     ]
     compat.enable()
 

@@ -11,6 +11,7 @@ TensorFlow's own `PreemptionCheckpointHandler` catches the SIGTERM.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 
@@ -265,3 +266,39 @@ def test_sigterm_at_an_epochs_last_step_resumes_and_at_fits_last_step_completes_
     assert "fit completed instead, so there is nothing to resume" in said.err + said.out
     assert not os.path.exists(ckpt)
     np.testing.assert_allclose(completed, reference, rtol=0, atol=1e-6)
+
+
+class _BackupEpochs(keras.callbacks.Callback):
+    """Records the epoch each step backup in `backup` says, after Keras wrote it."""
+
+    def __init__(self, backup, said):
+        super().__init__()
+        self.path, self.said = os.path.join(backup, "training_metadata.json"), said
+
+    def on_train_batch_end(self, batch, logs=None):
+        with open(self.path) as f:
+            self.said.append(json.load(f)["epoch"])
+
+
+@pytest.mark.slow
+def test_keras_step_backups_in_a_resumed_epoch_record_that_epoch(tmp_path):
+    """Keras 3.15.1 wrote epoch 0 there: a second failure would resume at epoch 1."""
+    backup, said = str(tmp_path / "steps"), []
+    with pytest.raises(RuntimeError, match="on purpose"):
+        _train(
+            2,
+            [
+                lambda d: keras.callbacks.BackupAndRestore(backup, save_freq=1),
+                lambda d: _FailAt(1, 2),
+            ],
+        )
+    with pytest.raises(RuntimeError, match="on purpose"):  # fails again, in the resumed epoch
+        _train(
+            2,
+            [
+                lambda d: keras.callbacks.BackupAndRestore(backup, save_freq=1),
+                lambda d: _BackupEpochs(backup, said),
+                lambda d: _FailAt(1, 2),
+            ],
+        )
+    assert said == [1, 1], said  # epoch 2 (0-based 1), where the next run must resume

@@ -21,6 +21,7 @@ pairs it was tested on and the test that reproduces it.
 | ``chief_model_save*``, ``chief_model_export`` | none found (``docs/compat.md``) | ``model.save``/``export`` written by every worker |
 | ``class_weight`` | tensorflow#41290 | ``fit(class_weight=...)`` on an `mk.distribute` dataset |
 | ``custom_train_step_notice`` | keras.io guide | (says once) a custom ``train_step`` logging the loss it is handed reads 1/N |
+| ``backup_step_epoch`` | none found (``docs/compat.md``) | ``BackupAndRestore(save_freq=N)``'s backups in a resumed epoch record epoch 0 |
 | optimizer state built by `mk.build` | keras#23085 | custom ``tf.function`` loops with Adam under a strategy |
 """  # noqa: E501
 
@@ -32,6 +33,7 @@ import tensorflow as tf
 from mirrorkit import chief, versions
 from mirrorkit.compat import (
     agreed_stop,
+    backup_epoch,
     chief_files,
     chief_logs,
     chief_saves,
@@ -57,6 +59,7 @@ REPAIRS: tuple[Repair, ...] = (
     *chief_saves.REPAIRS,
     class_weight.REPAIR,
     custom_train_step.REPAIR,
+    backup_epoch.REPAIR,
 )
 
 

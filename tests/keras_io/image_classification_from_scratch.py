@@ -17,7 +17,8 @@
 # import mirrorkit; strategy = mk.strategy(...); `with strategy.scope():` around the lines
 # from make_model to compile (re-indented); BatchNormalization(synchronized=True) in the four
 # BatchNormalization lines (unsynchronized, each replica normalises its own half-batch); the
-# training set through mk.distribute (its batches, order and shuffle kept: its batch is the global batch).
+# training set through mk.distribute (its batches, order and shuffle kept: its batch is
+# the global batch).
 
 import numpy as np
 

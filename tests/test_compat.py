@@ -53,6 +53,7 @@ def test_enable_is_idempotent_and_disable_restores():
         "class_weight",
         "custom_train_step_notice",
         "backup_step_epoch",
+        "validation_split_message",
     ]
     assert compat.enable() == everything
     patched = trainer.reduce_per_replica
@@ -83,7 +84,8 @@ def test_repairs_are_said_in_one_line_once(monkeypatch, capfd):
 def test_strategy_applies_what_it_needs():
     compat.disable()
     mk.strategy("one_device")
-    assert compat.active() == ["class_weight"]  # mk.distribute's input is distributed there too
+    # mk.distribute's input is distributed there too
+    assert compat.active() == ["class_weight", "validation_split_message"]
     mk.strategy(cpu_replicas=2)
     assert compat.active() == [
         "symbolic_build",
@@ -92,6 +94,7 @@ def test_strategy_applies_what_it_needs():
         "class_weight",
         "custom_train_step_notice",
         "backup_step_epoch",
+        "validation_split_message",
     ]
     compat.enable()
 

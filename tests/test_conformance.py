@@ -7,11 +7,12 @@ its own fresh process (plain Keras, no strategy: the reference), 2 CPU replicas
 (MultiWorkerMirroredStrategy over loopback, `_multiworker.run_workers`). The operations: fit
 with validation data (History: loss, metrics, val_loss, val_metrics per epoch), evaluate,
 predict (row count and order), the final weights, ``optimizer.iterations``, and the notices
-mirrorkit must say. Each placement runs every case in one process; each (case, operation)
+mirrorkit must say. Each placement runs its cases in one process; each (case, operation)
 comparison is its own test. Numbers agree within 1e-5.
 
-The one-device and 2-replica cells are fast (one process each, at the same time); the 2-worker
-cells are ``slow``.
+The 2-replica cells of the cases in `_conformance.FAST` run in ``-m "not slow"`` (one process
+per placement, at the same time); the other 2-replica cells and the 2-worker cells are
+``slow`` (one more process per placement, and one 2-worker job for every case, at once).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
-from _conformance import CASES, run_all, write_data
+from _conformance import CASES, FAST, SLOW, run_all, write_data
 from _multiworker import run_workers
 
 from mirrorkit.launcher.processes import run_function
@@ -41,27 +42,18 @@ KNOWN: dict[tuple[str, str], str] = {
         )
         for op in ("fit", "evaluate")
     },
-    ("validation_split_distributed", "error"): (
-        "fit(mk.distribute(...), validation_split=) gets Keras's own ValueError ('only supported "
-        "for tensors or NumPy arrays'), which does not say what to do with mirrorkit (split the "
-        "arrays before mk.distribute, or pass NumPy to fit directly)"
-    ),
-    ("tf_data_repeat_steps", "notices"): (
-        "mk.distribute says 'the number of batches in data is unknown' for a .repeat()ed "
-        "dataset (cardinality INFINITE, not UNKNOWN) whose fit already has steps_per_epoch: "
-        "its advice ('.repeat() it and pass steps_per_epoch=') is what the user did"
-    ),
 }
 
 
-def _cells(placement):
+def _cells(slow=()):
+    """Every (case, operation); those of the cases in `slow` marked slow."""
     cells = []
     for name, case in CASES.items():
         ops = ("error",) if case.error else OPERATIONS
         for op in ops:
-            marks = ()
+            marks = [pytest.mark.slow] if name in slow else []
             if (name, op) in KNOWN:
-                marks = (pytest.mark.xfail(strict=True, reason=KNOWN[name, op]),)
+                marks.append(pytest.mark.xfail(strict=True, reason=KNOWN[name, op]))
             cells.append(pytest.param(name, op, id=f"{name}-{op}", marks=marks))
     return cells
 
@@ -75,17 +67,36 @@ def workdir(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def fast_runs(workdir):
-    """(one device, 2 replicas): case name -> result, each placement in one fresh process."""
+    """(one device, 2 replicas): FAST case name -> result, each placement in a fresh process."""
     with ThreadPoolExecutor(2) as pool:
-        one = pool.submit(run_function, run_all, (workdir, "one_device"), timeout_s=900)
-        two = pool.submit(run_function, run_all, (workdir, "replicas"), timeout_s=900)
+        one = pool.submit(run_function, run_all, (workdir, "one_device", FAST), timeout_s=900)
+        two = pool.submit(run_function, run_all, (workdir, "replicas", FAST), timeout_s=900)
         return one.result()[0], two.result()[0]
 
 
 @pytest.fixture(scope="module")
-def worker_runs(workdir):
-    """Every worker's results of one 2-worker job that runs all cases."""
-    return run_workers(run_all, workdir, "workers", n=2, timeout_s=900)
+def slow_runs(workdir):
+    """(one device, 2 replicas) on the SLOW cases, and every worker's results on all cases.
+
+    The three jobs (4 processes) run at once.
+    """
+    with ThreadPoolExecutor(3) as pool:
+        one = pool.submit(run_function, run_all, (workdir, "one_device", SLOW), timeout_s=1200)
+        two = pool.submit(run_function, run_all, (workdir, "replicas", SLOW), timeout_s=1200)
+        workers = pool.submit(run_workers, run_all, workdir, "workers", n=2, timeout_s=1200)
+        return one.result()[0], two.result()[0], workers.result()
+
+
+@pytest.fixture
+def runs(request):
+    """Case name -> (one device, 2 replicas) results, from the runs its cells need."""
+
+    def get(name):
+        fixture = "fast_runs" if name in FAST else "slow_runs"
+        one, two = request.getfixturevalue(fixture)[:2]
+        return one[name], two[name]
+
+    return get
 
 
 def _close(what, expected, got):
@@ -143,18 +154,26 @@ def _check(name, op, one, got, chief=True):
             )
 
 
-@pytest.mark.parametrize(("name", "op"), _cells("replicas"))
-def test_two_replicas(fast_runs, name, op):
-    one, two = fast_runs
-    _check(name, op, one[name], two[name])
+@pytest.mark.parametrize(("name", "op"), _cells(slow=SLOW))
+def test_two_replicas(runs, name, op):
+    one, two = runs(name)
+    _check(name, op, one, two)
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(("name", "op"), _cells("workers"))
-def test_two_workers(fast_runs, worker_runs, name, op):
-    for index, results in enumerate(worker_runs):
-        _check(name, op, fast_runs[0][name], results[name], chief=index == 0)
+@pytest.mark.parametrize(("name", "op"), _cells())
+def test_two_workers(runs, slow_runs, name, op):
+    one = runs(name)[0]
+    for index, results in enumerate(slow_runs[2]):
+        _check(name, op, one, results[name], chief=index == 0)
 
 
-def test_every_case_runs_everywhere(fast_runs):
-    assert list(fast_runs[0]) == list(CASES) == list(fast_runs[1])
+def test_fast_and_slow_cases_are_every_case(fast_runs):
+    assert sorted(FAST + SLOW) == sorted(CASES) and not set(FAST) & set(SLOW)
+    assert list(fast_runs[0]) == list(FAST) == list(fast_runs[1])
+
+
+@pytest.mark.slow
+def test_slow_runs_cover_the_rest(slow_runs):
+    assert list(slow_runs[0]) == list(SLOW) == list(slow_runs[1])
+    assert all(list(worker) == list(CASES) for worker in slow_runs[2])

@@ -417,3 +417,15 @@ def test_a_padded_batch_dataset_is_kept_when_its_batch_is_the_global_one():
 def _replica_parts(batch):
     values = getattr(batch, "values", (batch,))
     return [v.numpy() for v in values]
+
+
+def test_a_dataset_that_repeats_forever_is_not_said_to_have_an_unknown_length(capfd):
+    for batched in (False, True):
+        chief._said.clear()
+        data = tf.data.Dataset.range(64).repeat()
+        data = mk.distribute(data.batch(8) if batched else data, _strategy(2), global_batch_size=8)
+        assert data.steps_per_epoch is None
+        assert "is unknown" not in capfd.readouterr().err
+    chief._said.clear()
+    mk.distribute(tf.data.Dataset.range(64).filter(lambda i: i > 2).batch(8), _strategy(2))
+    assert "the number of batches in data is unknown" in capfd.readouterr().err

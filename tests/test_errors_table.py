@@ -218,6 +218,16 @@ def _compiled_outside_scope():
     model.fit(mk.distribute(_xy(), strategy, global_batch_size=8), verbose=0)
 
 
+def _validation_split_on_a_dataset():
+    import keras
+
+    strategy = _strategy2()
+    with strategy.scope():
+        model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)])
+        model.compile(optimizer="sgd", loss="mse")
+    model.fit(mk.distribute(_xy(), strategy, global_batch_size=8), validation_split=0.2)
+
+
 def _filtered_batches():
     import tensorflow as tf
 
@@ -446,6 +456,7 @@ def _cases(tmp: pathlib.Path) -> dict[str, Callable[[], object]]:
         "build-model-not-function": lambda: mk.build(_tiny_model(), _strategy2()),
         "build-returns-none": lambda: mk.build(lambda: None, _strategy2()),
         "compile-outside-scope": _compiled_outside_scope,
+        "fit-validation-split-dataset": _validation_split_on_a_dataset,
         "build-step-logs": lambda: mk.build(_tiny_model, _strategy2(), step_logs="worker"),
         "build-compression": lambda: mk.build(
             _tiny_model, _strategy2(), gradient_compression="int8"

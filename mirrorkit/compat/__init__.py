@@ -21,6 +21,7 @@ pairs it was tested on and the test that reproduces it.
 | ``chief_model_save*``, ``chief_model_export`` | none found (``docs/compat.md``) | ``model.save``/``export`` written by every worker |
 | ``class_weight`` | tensorflow#41290 | ``fit(class_weight=...)`` on an `mk.distribute` dataset |
 | ``custom_train_step_notice`` | keras.io guide | (says once) a custom ``train_step`` logging the loss it is handed reads 1/N |
+| ``validation_split_message`` | Keras's own limit | ``fit(validation_split=)`` on a distributed dataset: the error says how to split |
 | ``backup_step_epoch`` | none found (``docs/compat.md``) | ``BackupAndRestore(save_freq=N)``'s backups in a resumed epoch record epoch 0 |
 | optimizer state built by `mk.build` | keras#23085 | custom ``tf.function`` loops with Adam under a strategy |
 """  # noqa: E501
@@ -44,6 +45,7 @@ from mirrorkit.compat import (
     shared_monitor,
     step_function,
     symbolic_build,
+    validation_split,
 )
 from mirrorkit.compat._repair import Repair, spans_replicas
 
@@ -60,6 +62,7 @@ REPAIRS: tuple[Repair, ...] = (
     class_weight.REPAIR,
     custom_train_step.REPAIR,
     backup_epoch.REPAIR,
+    validation_split.REPAIR,
 )
 
 

@@ -99,7 +99,7 @@ def global_pipeline(
         say_dropped(dropped, count, size)
     elif count is not None and not options.for_eval:
         say_uneven_last_batch(count - (steps - 1) * size, sizes.num_replicas)
-    if steps is None:
+    if steps is None and not _repeats_forever(dataset):
         say_unknown_length()
     distributed.epoch_order = order
     if options.shuffle and order is None:
@@ -148,7 +148,7 @@ def kept_batches(
     )
     if options.cache:
         dataset = dataset.cache()
-    if steps is None:
+    if steps is None and not _repeats_forever(dataset):
         say_unknown_length()
     distributed = _distribute_global_batches(dataset, strategy, options, workers)
     distributed.epoch_order = None
@@ -339,6 +339,11 @@ def say_uneven_last_batch(last: int, num_replicas: int) -> None:
             "weighs its examples unequally and differs slightly from one device (leave "
             "drop_remainder='auto' or pass True to drop it)",
         )
+
+
+def _repeats_forever(dataset: tf.data.Dataset) -> bool:
+    """Whether `dataset` repeats without end (its length is known: fit needs steps_per_epoch)."""
+    return int(dataset.cardinality()) == tf.data.INFINITE_CARDINALITY
 
 
 def say_unknown_length() -> None:

@@ -791,9 +791,11 @@ def run_case(case: Case, p: Placement, workdir: str) -> dict:
         try:
             model = p.build(case.model_fn)
             run = case.inputs(p, workdir)
+            clock = time.perf_counter()
             history = model.fit(
                 *run.fit, validation_data=run.validation, epochs=EPOCHS, verbose=0, **run.fit_kwargs
             )
+            result["fit_seconds"] = time.perf_counter() - clock
             result["history"] = {k: [float(v) for v in vs] for k, vs in history.history.items()}
             result["weights"] = [w.copy() for w in model.get_weights()]
             result["iterations"] = int(model.optimizer.iterations.numpy())
@@ -817,8 +819,32 @@ def run_case(case: Case, p: Placement, workdir: str) -> dict:
     return result
 
 
-def run_all(workdir: str, placement: str) -> dict:
-    """Every case on one placement, in this (fresh) process: case name -> `run_case`'s result."""
+#: The cases whose 2-replica cells run in ``-m "not slow"``: one per path through mk.distribute
+#: (arrays, dicts, class weights, an unbatched, a kept-batched, an uneven last batch, an
+#: unknown length, a Keras directory utility) and the refused kinds. About 4 s each on 2 replicas
+#: (tracing fit, evaluate and predict); the rest of the 2-replica cells are ``slow``.
+FAST = (
+    "numpy_xy",
+    "dict_features_labels",
+    "class_weight_fit",
+    "tf_data_unbatched",
+    "tf_data_batched",
+    "tf_data_uneven_last_batch",
+    "tf_data_unknown_length",
+    "image_directory",
+    "py_dataset_to_distribute",
+    "generator_to_distribute",
+    "validation_split_distributed",
+)
+SLOW = tuple(name for name in CASES if name not in FAST)
+
+
+def run_all(workdir: str, placement: str, names: tuple[str, ...] | None = None) -> dict:
+    """The cases `names` (all when None) on one placement, in this (fresh) process.
+
+    Returns case name -> `run_case`'s result. ``CONFORMANCE_CASES=a,b`` narrows any run (to
+    look at a few cases by hand).
+    """
     import tensorflow as tf
 
     tf.config.experimental.enable_op_determinism()
@@ -830,6 +856,8 @@ def run_all(workdir: str, placement: str) -> dict:
         strategy = mk.strategy(cpu_replicas=2) if placement == "replicas" else mk.strategy()
         assert strategy.num_replicas_in_sync == 2, strategy
         p = Placement(placement, strategy)
+    names = list(CASES) if names is None else list(names)
     only = os.environ.get("CONFORMANCE_CASES")
-    names = only.split(",") if only else list(CASES)
+    if only:
+        names = [name for name in names if name in only.split(",")]
     return {name: run_case(CASES[name], p, workdir) for name in names}

@@ -136,6 +136,28 @@ def test_an_epoch_overhead_shows_end_to_end_and_in_the_verdict(clock):
     )
 
 
+def test_repeated_bottlenecks_are_one_line_and_others_keep_theirs():
+    from mirrorkit.throughput.report import EpochThroughput, ThroughputReport
+
+    def epoch(n, verdict):
+        return EpochThroughput(n, 10, 1.0, 0.5, 1.0, 0.1, 0.1, 0.1, 1.0, verdict=verdict)
+
+    overhead = "epoch-overhead: {}% of the epoch is outside its steady steps"
+    report = ThroughputReport(2, 1, 32)
+    report.epochs = [
+        epoch(1, "not input-bound: 3% of each step waits for data"),
+        *(epoch(n, overhead.format(40 + n)) for n in (2, 3, 4)),
+        epoch(5, "input-bound: 30% of each step waits for data"),
+        epoch(6, overhead.format(50)),
+    ]
+    assert report._verdict_lines() == [
+        f"epochs 2-4 (3 epochs): epoch-overhead; epoch 4: {overhead.format(44)}",
+        "epoch 5: input-bound: 30% of each step waits for data",
+        f"epoch 6: {overhead.format(50)}",
+        "epoch 1: not input-bound: 3% of each step waits for data",
+    ]
+
+
 def test_outputs_parse_and_show_the_figures(tmp_path, capfd, clock):
     json_path = tmp_path / "throughput.json"
     callback = mk.ThroughputCallback(

@@ -179,7 +179,15 @@ class ThroughputReport:
         judged = [e for e in self.epochs if e.verdict]
         bound = [e for e in judged if e.verdict.startswith(_ACTIONABLE)]
         calm = [e for e in judged if e not in bound]
-        lines = [f"epoch {e.epoch}: {e.verdict}" for e in bound]
+        lines = []
+        for run in _runs_of_one_kind(bound):  # consecutive epochs with the same bottleneck
+            if len(run) == 1:
+                lines.append(f"epoch {run[0].epoch}: {run[0].verdict}")
+            else:
+                lines.append(
+                    f"epochs {run[0].epoch}-{run[-1].epoch} ({len(run)} epochs): "
+                    f"{_kind(run[-1].verdict)}; epoch {run[-1].epoch}: {run[-1].verdict}"
+                )
         lines += [
             f"epoch {e.epoch}: straggler: {self._straggler(e)}"
             for e in self.epochs
@@ -252,6 +260,23 @@ class ThroughputReport:
         if path is not None:
             figure.savefig(path)
         return figure
+
+
+def _kind(verdict: str) -> str:
+    """A verdict's kind: the words before its first colon ("input-bound", "epoch-overhead")."""
+    return verdict.split(":", 1)[0]
+
+
+def _runs_of_one_kind(epochs: list[EpochThroughput]) -> list[list[EpochThroughput]]:
+    """`epochs` cut into runs of consecutive epochs whose verdicts are of one kind."""
+    runs: list[list[EpochThroughput]] = []
+    for epoch in epochs:
+        last = runs[-1][-1] if runs else None
+        if last and last.epoch + 1 == epoch.epoch and _kind(last.verdict) == _kind(epoch.verdict):
+            runs[-1].append(epoch)
+        else:
+            runs.append([epoch])
+    return runs
 
 
 def summary_line(figures: EpochThroughput, report: ThroughputReport) -> str:

@@ -429,3 +429,13 @@ def test_a_dataset_that_repeats_forever_is_not_said_to_have_an_unknown_length(ca
     chief._said.clear()
     mk.distribute(tf.data.Dataset.range(64).filter(lambda i: i > 2).batch(8), _strategy(2))
     assert "the number of batches in data is unknown" in capfd.readouterr().err
+
+
+def test_a_partial_batch_a_shuffle_moved_is_dropped_wherever_it_lands():
+    strategy = _strategy(2)
+    batches = tf.data.Dataset.range(11).batch(4).shuffle(3, seed=1)  # the batch of 3 moves
+    data = mk.distribute(batches, strategy)
+    assert (data.steps_per_epoch, data.num_examples, data.dropped_per_epoch) == (2, 11, 3)
+    for _ in range(4):  # several epochs: the partial batch lands first, last or between
+        sizes = [sum(len(part) for part in _replica_parts(batch)) for batch in data]
+        assert sizes == [4, 4]

@@ -282,3 +282,9 @@ def test_gradient_accumulation_without_optimizer_internal_is_named(monkeypatch):
     monkeypatch.delattr(base_optimizer.BaseOptimizer, "_clip_gradients")
     with pytest.raises(internals.InternalChangedError, match="_clip_gradients"):
         model.fit(_data(), epochs=1, verbose=0)
+
+
+def test_renamed_reshuffle_field_is_an_error(monkeypatch, batched_unverified):
+    monkeypatch.setattr(batched_unverified, "_RESHUFFLE_FIELD", "_renamed_reshuffle")
+    with pytest.raises(internals.InternalChangedError, match="_renamed_reshuffle"):
+        batched_unverified.caches_a_shuffle(tf.data.Dataset.range(8).batch(4))

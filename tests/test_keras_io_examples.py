@@ -48,7 +48,8 @@ def _close(what, expected, got):
 
 
 #: Differences from one device that are not mirrorkit's, found and explained; each still fails
-#: its comparison (strict xfail), so a change upstream that removes it shows up as XPASS.
+#: its comparison (an xfail, strict unless TIMING_DEPENDENT), so a change upstream that removes
+#: it shows up as XPASS.
 KNOWN_DIFFERENCES = {
     ("text_classification_from_scratch", "history"): (
         "the training set is shuffled, then .cache()d: on one device Keras reads exactly its 3 "

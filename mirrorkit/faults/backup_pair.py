@@ -156,8 +156,11 @@ def write_metadata(metadata: str, record: dict) -> None:
 
 def digest(path: str) -> str:
     """The SHA-256 of the file at `path`, in hex."""
+    sha = hashlib.sha256()  # hashlib.file_digest is Python 3.11+; mirrorkit supports 3.10
     with open(path, "rb") as f:
-        return hashlib.file_digest(f, "sha256").hexdigest()
+        for block in iter(lambda: f.read(1 << 20), b""):
+            sha.update(block)
+    return sha.hexdigest()
 
 
 def _epoch(metadata: str) -> int:

@@ -134,7 +134,7 @@ def kept_batches(
     uneven = last is not None and last % sizes.num_replicas != 0
     if not options.for_eval and steps is not None and partial:
         if options.drop is True and (not options.drop_auto or uneven):
-            dataset = dataset.take(steps - 1)
+            dataset = _whole_batches(dataset, size, steps - 1)
             steps, dropped = steps - 1, last
             say_dropped(dropped, count, size, uneven_over=sizes.num_replicas if uneven else None)
         elif uneven:
@@ -153,6 +153,18 @@ def kept_batches(
     distributed = _distribute_global_batches(dataset, strategy, options, workers)
     distributed.epoch_order = None
     return describe(distributed, sizes, count, steps, dropped)
+
+
+def _whole_batches(dataset: tf.data.Dataset, size: int, steps: int) -> tf.data.Dataset:
+    """Keeps the batches of `size` examples: a shuffle of batches may have moved the partial one."""
+
+    def whole(*element):
+        first = tf.nest.flatten(element[0] if len(element) == 1 else element)[0]
+        rows = first.nrows() if isinstance(first, tf.RaggedTensor) else tf.shape(first)[0]
+        return tf.equal(tf.cast(rows, tf.int64), size)
+
+    kept = dataset.filter(whole)
+    return kept.apply(tf.data.experimental.assert_cardinality(steps))
 
 
 def _distribute_global_batches(

@@ -38,6 +38,7 @@ _MERGING = ("Zip", "Concatenate")
 _INPUT_LINK = "_input_dataset"
 _SIZE_FIELD = "_batch_size"
 _DROP_FIELD = "_drop_remainder"
+_RESHUFFLE_FIELD = "_reshuffle_each_iteration"
 _verified = False
 _USED_FOR = "mk.distribute telling whether a dataset is already batched"
 #: Steps the walk may pass: they keep elements' leading (batch) dimension.
@@ -169,6 +170,25 @@ def _verify() -> None:
                 _USED_FOR,
                 f"the walk over {label} found {got}, not {want} ({type(probe).__name__})",
             )
+    cached_shuffles = {
+        "Dataset.range(4).shuffle(4).batch(2).cache()": (
+            tf.data.Dataset.range(4).shuffle(4).batch(2).cache(),
+            True,
+        ),
+        "Dataset.range(4).shuffle(4, reshuffle_each_iteration=False).cache()": (
+            tf.data.Dataset.range(4).shuffle(4, reshuffle_each_iteration=False).cache(),
+            False,
+        ),
+    }
+    for label, (probe, want) in cached_shuffles.items():
+        got = _caches_a_shuffle(probe)
+        if got != want:
+            raise internals.changed(
+                f"tf.data's CacheDataset/ShuffleDataset classes, {_INPUT_LINK} and "
+                f"{_RESHUFFLE_FIELD}",
+                "mk.distribute telling whether a dataset caches after a shuffle",
+                f"the walk over {label} found {got}, not {want}",
+            )
     _verified = True
 
 
@@ -187,15 +207,22 @@ def caches_a_shuffle(dataset: tf.data.Dataset, max_depth: int = 64) -> bool:
 
     assert caches_a_shuffle(tf.data.Dataset.range(8).shuffle(8).batch(2).cache())
     assert not caches_a_shuffle(tf.data.Dataset.range(8).cache().shuffle(8).batch(2))
+    assert not caches_a_shuffle(
+        tf.data.Dataset.range(8).shuffle(8, reshuffle_each_iteration=False).cache()
+    )
     ```
     """
     _verify()
+    return _caches_a_shuffle(dataset, max_depth)
+
+
+def _caches_a_shuffle(dataset: tf.data.Dataset, max_depth: int = 64) -> bool:
     node, cached = dataset, False
     for _ in range(max_depth):
         stem = type(node).__name__.lstrip("_").removesuffix("Dataset")
         if stem == "Cache":
             cached = True
-        elif stem == "Shuffle" and cached:
+        elif stem == "Shuffle" and cached and getattr(node, _RESHUFFLE_FIELD, True):
             return True
         node = getattr(node, _INPUT_LINK, None)
         if node is None:

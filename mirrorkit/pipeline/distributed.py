@@ -138,6 +138,8 @@ def distribute(
     warnings.filterwarnings(
         "ignore", message="`shuffle=True` was passed, but will be ignored", category=UserWarning
     )
+    if strategy is None:  # resolved now, so that with_class_weight rebuilds for this strategy
+        strategy = registry.current_strategy()
     arguments = dict(locals())
     made, seed = _distribute(**arguments)
 

@@ -74,6 +74,7 @@ def unscale_loss(loss: Any) -> Any:
     replicas = tf.distribute.get_strategy().num_replicas_in_sync
     if replicas == 1:
         return loss
+    loss = tf.convert_to_tensor(loss)
     return loss * tf.cast(replicas, loss.dtype)
 
 

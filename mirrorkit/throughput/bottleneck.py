@@ -46,7 +46,7 @@ def verdict(
         epoch_overhead_share: the share of the epoch's wall time outside its
             steps at the steady rate (iterator start-up, validation,
             epoch-end callbacks); the callback leaves it out for the first
-            epoch, whose tracing is expected.
+            epoch of each ``fit``, whose tracing is expected.
 
     Returns:
         The verdict, or None when nothing was measured.

@@ -214,6 +214,7 @@ class ThroughputCallback(keras.callbacks.Callback):
         )
         if times.size == 0:
             return
+        first_of_fit = not self.report.epochs
         figures = self._figures(epoch + 1, times, worker_medians)
         figures.input_wait_share, figures.host_share = own_wait, own_host
         waiting_worker = host_worker = None
@@ -231,7 +232,8 @@ class ThroughputCallback(keras.callbacks.Callback):
             waiting_worker,
             host_share=figures.host_share,
             host_worker=host_worker,
-            epoch_overhead_share=None if epoch == 0 else figures.epoch_overhead_share,
+            # The first epoch of each fit (epoch 0, or where a resume starts) traces the step.
+            epoch_overhead_share=None if first_of_fit else figures.epoch_overhead_share,
         )
         self.report.epochs.append(figures)
         if logs is not None:

@@ -21,7 +21,8 @@ def is_chief() -> bool:
     """Returns True in the process that owns side effects of the job.
 
     The chief is the task of type ``chief`` in ``TF_CONFIG``, else worker 0;
-    under Slurm it is the task with ``SLURM_PROCID=0``; in a single process it
+    under a Slurm step it is rank 0 (node 0's first task; `mirrorkit.slurm`
+    numbers the tasks by node, then ``SLURM_LOCALID``); in a single process it
     is that process. The answer comes from the environment alone, so it is
     cheap and never initialises TensorFlow.
 

@@ -274,19 +274,25 @@ def _measure_here(pickled_model_fn: bytes, batch: int, example: Any = None) -> d
         model.train_on_batch(x, target)
 
     small, large = max(1, batch // 8), max(2, batch // 4)
-    step(small)  # builds the optimizer, traces the step
-    before = peak_rss_bytes()
-    reset_peak_rss()  # the large step's own peak, from what the small one left
+    step(small)  # builds the optimizer, traces the step for this batch shape
+    traced_once = reset_peak_rss()
+    step(large)  # traces it for the other shape, so no tracing is measured below
+    settled = reset_peak_rss()  # what the model, its optimizer and its traced steps hold
+    second_trace = max(settled - traced_once, 0)  # a real run traces its one batch shape once
+    step(small)
+    small_peak = peak_rss_bytes() - settled
+    reset_peak_rss()
     step(large)
-    after = peak_rss_bytes()
+    large_peak = peak_rss_bytes() - settled
     slots = [v for v in model.optimizer.variables if len(v.shape) > 0]
     counted = {
         "weights_bytes": nbytes(model.weights),
         "gradients_bytes": nbytes(model.trainable_weights),
         "optimizer_bytes": nbytes(slots),
     }
-    per_example = max(after - before, 0) / (large - small)
-    runtime = before - start - sum(counted.values()) - per_example * small
+    per_example = max(large_peak - small_peak, 0) / (large - small)
+    runtime = settled - second_trace - start + small_peak - sum(counted.values())
+    runtime -= per_example * small
     # Peak RSS barely grows when the allocator reuses memory freed earlier, so
     # the measured figure is a floor: never plan below the layers' outputs,
     # kept for the backward pass and matched by their gradients.

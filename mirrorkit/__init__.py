@@ -21,12 +21,12 @@ from typing import Any
 __version__ = "0.1.0"
 
 _PUBLIC = {
-    "strategy": "mirrorkit.factory",
-    "build": "mirrorkit.building",
-    "describe": "mirrorkit.topology",
-    "Topology": "mirrorkit.topology",
-    "is_chief": "mirrorkit.chief",
-    "print": "mirrorkit.chief",
+    "strategy": "mirrorkit.strategies.factory",
+    "build": "mirrorkit.training.building",
+    "describe": "mirrorkit.strategies.topology",
+    "Topology": "mirrorkit.strategies.topology",
+    "is_chief": "mirrorkit.cluster.chief",
+    "print": "mirrorkit.cluster.chief",
     "compat": "mirrorkit.compat",
     "callbacks": "mirrorkit.callbacks",
     "launch": "mirrorkit.launcher.notebook",
@@ -41,7 +41,7 @@ _PUBLIC = {
     "plan_memory": "mirrorkit.scale.memory",
     "flags": "mirrorkit.flags",
     "resumable": "mirrorkit.faults.backup",
-    "PreemptionCheckpoint": "mirrorkit.faults.preemption",
+    "PreemptionCheckpoint": "mirrorkit.faults.preemption_checkpoint",
 }
 
 _MODULES = {"compat", "callbacks", "flags"}

@@ -2,6 +2,6 @@
 
 import sys
 
-from mirrorkit.cli import main
+from mirrorkit.commands.cli import main
 
 sys.exit(main())

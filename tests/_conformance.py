@@ -780,7 +780,7 @@ def run_case(case: Case, p: Placement, workdir: str) -> dict:
     if p.reference and case.error:
         return {"skipped": "a kind mirrorkit refuses; one device has nothing to compare"}
     if not p.reference:
-        from mirrorkit import chief
+        from mirrorkit.cluster import chief
 
         chief._said.clear()  # each case says its own once-notices
     keras.utils.set_random_seed(SEED)

@@ -241,11 +241,11 @@ def platform_task():
     from _training import LEARNING_RATES, make_data, make_model, train_small_model
 
     import mirrorkit as mk
-    from mirrorkit import cluster
+    from mirrorkit.cluster import cluster_info
 
     config = json.loads(os.environ["TF_CONFIG"])
     names = {a.rpartition(":")[0] for job in config["cluster"].values() for a in job}
-    here = cluster.from_environment()
+    here = cluster_info.from_environment()
     strategy = mk.strategy()
     facts = {
         "resolved": {name: socket.gethostbyname(name) for name in sorted(names)},

@@ -44,7 +44,7 @@ class _Fresh:
 @pytest.fixture(autouse=True)
 def _notices_unsaid():
     """Each test starts with no notice said yet, so "said once" checks do not depend on order."""
-    from mirrorkit import chief
+    from mirrorkit.cluster import chief
 
     said = set(chief._said)
     chief._said.clear()
@@ -60,7 +60,7 @@ def fresh():
 
 @pytest.fixture
 def mirrorkit_command():
-    """Runs ``mirrorkit ARGS`` in this process (`mirrorkit.cli.main`); returns its exit code.
+    """Runs ``mirrorkit ARGS`` in this process (`commands.cli.main`); returns its exit code.
 
     For checks that need no fresh TensorFlow (bad arguments, ``info``): a fresh
     ``python -m mirrorkit`` imports TensorFlow again. SIGTERM's handler, which
@@ -68,7 +68,7 @@ def mirrorkit_command():
     """
     import signal
 
-    from mirrorkit import cli
+    from mirrorkit.commands import cli
 
     def run(*argv: str) -> int:
         handler = signal.getsignal(signal.SIGTERM)

@@ -13,14 +13,15 @@ import numpy as np
 import pytest
 
 import mirrorkit as mk
-from mirrorkit import chief
-from mirrorkit.launcher import processes, script
+from mirrorkit.cluster import chief
+from mirrorkit.commands import launch
+from mirrorkit.launcher import processes
 from mirrorkit.throughput.callback import find_straggler
 
 
 def _launch_args(*argv: str) -> argparse.Namespace:
     parser = argparse.ArgumentParser()
-    script.add_arguments(parser)
+    launch.add_arguments(parser)
     return parser.parse_args(list(argv))
 
 
@@ -59,17 +60,17 @@ def test_bucket_and_timeout_name_their_own_unit(kwargs, unit, other):
 def test_launch_rejects_a_port_out_of_range(argv):
     # Before: accepted; ignored on one host, a worker's TF_CONFIG error with --hosts.
     with pytest.raises(ValueError, match=r"--port \d+: .* TCP ports go from 1 to 65535"):
-        script.layout(_launch_args(*argv), env={})
+        launch.layout(_launch_args(*argv), env={})
 
 
 def test_launch_rejects_a_host_port_out_of_range():
     with pytest.raises(ValueError, match=r"host 'b': 2 worker\(s\) would listen on ports 70000"):
-        script.layout(_launch_args("--hosts", "a,b:70000", "--node-rank", "0", "x.py"), env={})
+        launch.layout(_launch_args("--hosts", "a,b:70000", "--node-rank", "0", "x.py"), env={})
 
 
 def test_launch_says_port_is_unused_on_one_host(capsys):
     # Before: silently ignored.
-    script.layout(_launch_args("--port", "30000", "train.py"), env={})
+    launch.layout(_launch_args("--port", "30000", "train.py"), env={})
     assert "--port 30000 is for multi-host jobs" in capsys.readouterr().err
 
 
@@ -78,7 +79,7 @@ def test_launch_checks_the_script_exists_before_starting_workers(tmp_path, capsy
     started = []
     monkeypatch.setattr(processes, "run_commands", lambda *a, **k: started.append(a))
     missing = str(tmp_path / "missing.py")
-    code = script.run(_launch_args("--no-pin", "--shared-network", missing))
+    code = launch.run(_launch_args("--no-pin", "--shared-network", missing))
     assert code == 2
     assert started == []
     err = capsys.readouterr().err

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import mirrorkit as mk
-from mirrorkit import chief
+from mirrorkit.cluster import chief
 from mirrorkit.scale.batchnorm import unsynchronized_batch_norm
 
 TOLERANCE = 1e-5

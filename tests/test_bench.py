@@ -61,9 +61,10 @@ def test_bench_rejects_bad_arguments(args, message, mirrorkit_command, capsys):
 
 
 def test_bench_model_names_match_the_bundled_models():
-    from mirrorkit.bench import command, models
+    from mirrorkit.bench import models
+    from mirrorkit.commands import bench
 
-    assert sorted(command.MODEL_NAMES) == sorted(models.MODELS)
+    assert sorted(bench.MODEL_NAMES) == sorted(models.MODELS)
     assert 1_100_000 < models.get("cnn").build().count_params() < 1_300_000
     with pytest.raises(ValueError, match="unknown benchmark model 'vgg'"):
         models.get("vgg")

@@ -214,9 +214,9 @@ def _two_worker_fit(plant):
     import tensorflow as tf
 
     import mirrorkit as mk
-    from mirrorkit import cluster
+    from mirrorkit.cluster import cluster_info
 
-    rank = cluster.from_environment().worker_index  # before TensorFlow starts
+    rank = cluster_info.from_environment().worker_index  # before TensorFlow starts
     strategy = mk.strategy()
 
     def make():

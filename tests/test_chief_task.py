@@ -21,9 +21,9 @@ def _task_of_a_job_with_a_chief():
     from _training import LEARNING_RATES, train_small_model
 
     import mirrorkit as mk
-    from mirrorkit import cluster
+    from mirrorkit.cluster import cluster_info
 
-    here = cluster.from_environment()
+    here = cluster_info.from_environment()
     strategy = mk.strategy()
     facts = {
         "task": here.task_type,

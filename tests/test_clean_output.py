@@ -8,8 +8,8 @@ import textwrap
 
 import pytest
 
-from mirrorkit import tf_logging
 from mirrorkit.launcher.tf_noise import is_startup_line
+from mirrorkit.strategies import tf_logging
 
 # Lines TensorFlow 2.21 printed at start-up on this project's CPU machines, and older forms.
 STARTUP_LINES = [

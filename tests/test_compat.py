@@ -66,7 +66,7 @@ def test_enable_is_idempotent_and_disable_restores():
 
 
 def test_repairs_are_said_in_one_line_once(monkeypatch, capfd):
-    from mirrorkit import chief
+    from mirrorkit.cluster import chief
 
     monkeypatch.setattr(chief, "_said", set())
     compat.disable()

@@ -6,7 +6,7 @@ import pytest
 import tensorflow as tf
 
 import mirrorkit as mk
-from mirrorkit import chief
+from mirrorkit.cluster import chief
 
 NUM_EXAMPLES = 1000
 GLOBAL_BATCH = 64

@@ -25,9 +25,9 @@ import numpy as np
 import pytest
 
 import mirrorkit as mk
-from mirrorkit import chief, cluster
+from mirrorkit.cluster import chief, cluster_info
+from mirrorkit.commands import launch
 from mirrorkit.compat.shared_monitor import agreed_value
-from mirrorkit.launcher import script
 
 TABLE = pathlib.Path(__file__).resolve().parent.parent / "docs" / "errors.md"
 ROW = re.compile(
@@ -64,7 +64,7 @@ def _distribute(data, **kwargs):
 
 
 def _env(**env) -> Callable[[], object]:
-    return lambda: cluster.from_environment(env)
+    return lambda: cluster_info.from_environment(env)
 
 
 def _tf_config(text: str) -> Callable[[], object]:
@@ -92,11 +92,11 @@ def _launch(*argv: str) -> Callable[[], tuple[str, str]]:
 
     def run():
         parser = argparse.ArgumentParser(prog="mirrorkit launch")
-        script.add_arguments(parser)
+        launch.add_arguments(parser)
         err = io.StringIO()
         with contextlib.redirect_stderr(err):
             try:
-                code = script.run(parser.parse_args(list(argv)))
+                code = launch.run(parser.parse_args(list(argv)))
             except SystemExit as exit_:  # argparse
                 code = exit_.code
         return f"exit {code}", err.getvalue()
@@ -122,8 +122,8 @@ def _hang_watchdog_from_env(value: str) -> Callable[[], object]:
 def _launch_layout(*argv: str) -> Callable[[], object]:
     def run():
         parser = argparse.ArgumentParser(prog="mirrorkit launch")
-        script.add_arguments(parser)
-        return script.layout(parser.parse_args(list(argv)), env={})
+        launch.add_arguments(parser)
+        return launch.layout(parser.parse_args(list(argv)), env={})
 
     return run
 
@@ -166,7 +166,7 @@ def _launch_inside_worker():
 
 
 def _sagemaker_hosts_alone():
-    from mirrorkit import platforms
+    from mirrorkit.cluster import platforms
 
     saved = {k: os.environ.get(k) for k in ("SM_HOSTS", "SM_CURRENT_HOST")}
     os.environ.update(SM_HOSTS='["algo-1", "algo-2"]', SM_CURRENT_HOST="algo-1")

@@ -5,7 +5,7 @@ import pytest
 import tensorflow as tf
 
 import mirrorkit as mk
-from mirrorkit import registry, strategy_args
+from mirrorkit.strategies import arguments, current
 
 HAS_GPU = bool(tf.config.list_physical_devices("GPU"))
 
@@ -38,8 +38,8 @@ def test_more_cpu_replicas_than_fixed_is_a_clear_error():
 
 
 def test_aliases_and_default():
-    assert strategy_args.normalize_kind("multi_worker_mirrored") == "multi_worker"
-    assert strategy_args.normalize_kind("Off") == "default"
+    assert arguments.normalize_kind("multi_worker_mirrored") == "multi_worker"
+    assert arguments.normalize_kind("Off") == "default"
     default = mk.strategy("off")
     assert default is tf.distribute.get_strategy()
     assert mk.describe(default).kind == "DefaultStrategy"
@@ -52,7 +52,7 @@ def test_one_device_and_auto_with_one_replica():
 
 
 def test_auto_with_one_device_warns_about_unused_all_reduce():
-    registry._made.clear()
+    current._made.clear()
     with pytest.warns(UserWarning, match="nothing to all-reduce"):
         mk.strategy(cpu_replicas=1, bucket_mb=8)
 
@@ -208,7 +208,7 @@ def test_buckets_start_with_the_last_layer_so_all_reduce_overlaps_backprop():
 def test_cpu_replicas_under_a_multi_worker_tf_config_is_said_to_be_ignored(monkeypatch, capfd):
     import json
 
-    from mirrorkit import topology
+    from mirrorkit.strategies import topology
 
     monkeypatch.setenv(
         "TF_CONFIG",

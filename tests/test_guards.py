@@ -142,10 +142,10 @@ def _guards_on_two_workers(directory):
     import tensorflow as tf
 
     import mirrorkit as mk
-    from mirrorkit import cluster
+    from mirrorkit.cluster import cluster_info
 
     strategy = mk.strategy()
-    me = cluster.from_environment().task_index
+    me = cluster_info.from_environment().task_index
     checkpoint = os.path.join(directory, "last.weights.h5")
     error, seen = _fit_until_nan(strategy, _data(2, 1, bad_worker=1, bad_replica=0), checkpoint)
     # The same processes go on with collectives: nobody was left inside one.

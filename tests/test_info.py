@@ -2,7 +2,8 @@
 
 import json
 
-from mirrorkit import info, versions
+from mirrorkit import versions
+from mirrorkit.commands import info
 
 
 def test_info_text_and_json_say_inside_the_tested_range(mirrorkit_command, capsys):

@@ -127,7 +127,7 @@ def test_repair_with_missing_target_warns_and_stays_off(repairs_restored, monkey
 
 
 def test_compression_without_all_reduce_hook_is_named(monkeypatch):
-    from mirrorkit import compression
+    from mirrorkit.training import compression
 
     monkeypatch.delattr(tf_optimizer.TFOptimizer, "_all_reduce_sum_gradients")
     strategy = mk.strategy(cpu_replicas=2)
@@ -215,9 +215,9 @@ def test_communication_options_missing_is_named(monkeypatch):
 
 
 def _mirrored_two_cpus():
-    from mirrorkit import builders
+    from mirrorkit.strategies import kinds
 
-    return builders.mirrored(
+    return kinds.mirrored(
         devices=None, num_gpus=None, cpu_replicas=2, all_reduce="auto", bucket_mb=None,
         timeout_s=None,
     )  # fmt: skip
@@ -239,11 +239,11 @@ def test_collective_key_base_not_taken_is_named(monkeypatch):
 def test_default_strategy_lookup_missing_is_named(monkeypatch):
     from tensorflow.python.distribute import distribute_lib
 
-    from mirrorkit import builders
+    from mirrorkit.strategies import kinds
 
     monkeypatch.delattr(distribute_lib, "_get_default_strategy")
     with pytest.raises(internals.InternalChangedError, match="_get_default_strategy"):
-        builders.BUILDERS["default"]()  # what mk.strategy("default") calls (it may have cached one)
+        kinds.BUILDERS["default"]()  # what mk.strategy("default") calls (it may have cached one)
 
 
 # Other modules' guards: mirrorkit.flags (--num_packs) and NaNGuard

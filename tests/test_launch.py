@@ -366,13 +366,12 @@ def test_mk_launch_notices_name_its_arguments_not_cli_flags(monkeypatch, capsys)
 
 
 def test_cli_launch_notices_name_its_flags(monkeypatch, capsys, tmp_path):
-    from mirrorkit import cli
-    from mirrorkit.launcher import script
+    from mirrorkit.commands import cli, launch
 
     target = tmp_path / "train.py"
     target.write_text("pass\n")
     args = cli.build_parser().parse_args(["launch", "-n", "2", "--shared-network", str(target)])
-    said = _notices_of_a_launch(monkeypatch, capsys, lambda: script.run(args))
+    said = _notices_of_a_launch(monkeypatch, capsys, lambda: launch.run(args))
     assert "--no-pin turns this off" in said and "WARNING: --shared-network." in said
     assert "pin_cpus" not in said and "private_network" not in said
 
@@ -389,7 +388,7 @@ def test_launch_itself_imports_neither_tensorflow_nor_keras(tmp_path):
     script = tmp_path / "noop.py"
     script.write_text("print('worker ran')\n")
     code = (
-        "import sys\nfrom mirrorkit.cli import main\n"
+        "import sys\nfrom mirrorkit.commands.cli import main\n"
         f"status = main(['launch', '-n', '1', {str(script)!r}])\n"
         "print('status', status, 'imported', 'tensorflow' in sys.modules or 'keras' in sys.modules)"
     )

@@ -12,7 +12,7 @@ import keras
 import pytest
 
 import mirrorkit as mk
-from mirrorkit import legacy_keras
+from mirrorkit.cluster import legacy_keras
 
 NOTICE = "TF_USE_LEGACY_KERAS=1 is set (Ray Train sets it); mirrorkit uses Keras 3"
 

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import mirrorkit as mk
-from mirrorkit import chief
+from mirrorkit.cluster import chief
 
 
 @pytest.fixture(autouse=True)

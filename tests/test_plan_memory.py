@@ -85,7 +85,7 @@ def test_bad_arguments(kwargs):
 
 @pytest.mark.slow
 def test_plan_command_for_a_bundled_model(capsys):
-    from mirrorkit.cli import main
+    from mirrorkit.commands.cli import main
 
     assert main(["plan", "--model", "mlp", "--batch", "64", "--device-mib", "1"]) == 1
     printed = capsys.readouterr().out
@@ -94,7 +94,7 @@ def test_plan_command_for_a_bundled_model(capsys):
 
 
 def test_plan_command_refuses_a_bad_batch():
-    from mirrorkit.cli import main
+    from mirrorkit.commands.cli import main
 
     with pytest.raises(SystemExit, match="--batch must be a positive integer; got 0"):
         main(["plan", "--model", "mlp", "--batch", "0"])
@@ -102,10 +102,10 @@ def test_plan_command_refuses_a_bad_batch():
 
 def test_plan_command_names_every_bundled_model_without_importing_keras():
     from mirrorkit.bench import models
-    from mirrorkit.scale import plan_command
+    from mirrorkit.commands import plan
 
-    assert plan_command.MODEL_NAMES == tuple(sorted(models.MODELS))
-    code = "import sys, mirrorkit.cli as c; c.build_parser(); "
+    assert plan.MODEL_NAMES == tuple(sorted(models.MODELS))
+    code = "import sys, mirrorkit.commands.cli as c; c.build_parser(); "
     code += "print('tensorflow' in sys.modules or 'keras' in sys.modules)"
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert done.stdout.strip() == "False", done.stdout + done.stderr

@@ -32,7 +32,7 @@ from _platforms import (
     vertex_env,
 )
 
-from mirrorkit import cluster
+from mirrorkit.cluster import cluster_info
 from mirrorkit.launcher.ports import free_ports
 
 TOLERANCE = 1e-5
@@ -96,13 +96,13 @@ def test_the_tf_config_rebuilt_from_the_manifest_is_the_operators():
         '"worker":["mirrorkit-train-worker-0.default.svc:2222"]},'
         '"task":{"type":"chief","index":0},"environment":"cloud"}'
     )
-    evaluator = cluster.parse_tf_config(tasks[2][2]["TF_CONFIG"])
+    evaluator = cluster_info.parse_tf_config(tasks[2][2]["TF_CONFIG"])
     assert (evaluator.worker_index, evaluator.num_workers, evaluator.is_chief) == (None, 2, False)
 
 
 def test_vertex_evaluator_outside_the_cluster_is_a_task_of_its_own():
     env, _ = vertex_env(["chief", "worker", "evaluator"])
-    evaluator = cluster.from_environment(env(2))
+    evaluator = cluster_info.from_environment(env(2))
     assert (evaluator.task_type, evaluator.task_index, evaluator.worker_index) == (
         "evaluator",
         0,
@@ -110,7 +110,7 @@ def test_vertex_evaluator_outside_the_cluster_is_a_task_of_its_own():
     )
     assert not evaluator.is_chief and not evaluator.is_multi_worker
     assert evaluator.num_workers == 2  # the job's training tasks, chief first
-    chief = cluster.from_environment(env(0))
+    chief = cluster_info.from_environment(env(0))
     assert (chief.worker_index, chief.is_chief, chief.num_workers) == (0, True, 2)
 
 

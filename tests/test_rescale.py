@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 
 import mirrorkit as mk
-from mirrorkit.faults.preemption import EXIT_STATUS
+from mirrorkit.faults.preemption_checkpoint import EXIT_STATUS
 from tests._training import GLOBAL_BATCH, make_data, make_model
 
 EPOCHS = 3
@@ -151,7 +151,7 @@ def test_shuffled_run_with_resumable_resumes_from_its_backup_in_its_orders(tmp_p
 def test_a_shuffled_stream_says_on_resume_that_its_orders_are_not_replayed(monkeypatch, capfd):
     import tensorflow as tf
 
-    from mirrorkit import chief
+    from mirrorkit.cluster import chief
     from mirrorkit.pipeline import epoch_order
 
     monkeypatch.setattr(chief, "_said", set())
@@ -169,7 +169,7 @@ def test_a_shuffled_stream_says_on_resume_that_its_orders_are_not_replayed(monke
 
 @pytest.mark.slow
 def test_resumable_says_a_drawn_seed_is_not_in_its_backup(tmp_path, monkeypatch, capfd):
-    from mirrorkit import chief
+    from mirrorkit.cluster import chief
 
     monkeypatch.setattr(chief, "_said", set())
     backup = str(tmp_path / "backup")
@@ -197,7 +197,7 @@ class _OrdersRead(keras.callbacks.Callback):
 def test_keras_own_backup_and_initial_epoch_resume_a_shuffled_input_in_its_orders(
     tmp_path, monkeypatch, capfd
 ):
-    from mirrorkit import chief
+    from mirrorkit.cluster import chief
 
     monkeypatch.setattr(chief, "_said", set())
     reference = _train(2, [], shuffle=True, seed=3)

@@ -30,7 +30,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from mirrorkit.faults import progress
+from mirrorkit.faults import resume_point
 from mirrorkit.faults.restart import Failure, exit_cause, run_with_restarts
 from mirrorkit.launcher.processes import WorkerError
 
@@ -277,7 +277,7 @@ def test_gives_up_after_max_restarts_with_the_last_failure():
 
 def test_max_restarts_counts_per_failing_step():
     """Failures at new steps each get N restarts; N failures at one step end the job."""
-    at = progress.Position
+    at = resume_point.Position
     places = [at(1, 2), at(1, 2), at(3, 0), at(3, 0), at(3, 0)]
     said = []
     run_once, calls = _fails(len(places))
@@ -301,7 +301,7 @@ def test_failure_reads_the_chiefs_progress_and_the_keras_backup(tmp_path):
     backup.mkdir()
     (backup / "training_metadata.json").write_text('{"epoch": 2, "batch": 0}')
     record = str(tmp_path / "progress.json")
-    progress.Recorder(record, str(backup), 5).at(2, 3)
+    resume_point.Recorder(record, str(backup), 5).at(2, 3)
     failure = Failure.read(record)
     assert failure.where() == " at epoch 3 step 3"
     assert failure.resuming() == "resuming from the backup at epoch 3 step 0: 3 step(s) redone"

@@ -13,7 +13,7 @@ import sys
 
 import pytest
 
-from mirrorkit import cluster, slurm
+from mirrorkit.cluster import cluster_info, slurm
 from mirrorkit.launcher import hosts, processes
 
 #: Task 1 of ``srun -N2 --ntasks-per-node=1`` in job 1 (Slurm 22.05, the variables that matter).
@@ -86,7 +86,7 @@ def test_malformed_tasks_per_node_is_an_error():
 
 
 def test_a_real_srun_task_is_worker_1_of_2_with_both_addresses():
-    info = cluster.from_environment(SRUN_TASK_1)
+    info = cluster_info.from_environment(SRUN_TASK_1)
     port = slurm.BASE_PORT + slurm.PORT_STRIDE * 1  # job 1
     assert (info.source, info.num_workers, info.worker_index, info.is_chief) == (
         "slurm",
@@ -107,7 +107,7 @@ def test_an_uneven_step_ranks_node_by_node_with_a_port_per_local_task():
         "SLURMD_NODENAME": "gpu2",
         "SLURM_LOCALID": "1",
     }
-    info = cluster.from_environment(env)
+    info = cluster_info.from_environment(env)
     assert info.addresses == (
         "gpu1:29470",
         "gpu1:29471",
@@ -116,20 +116,20 @@ def test_an_uneven_step_ranks_node_by_node_with_a_port_per_local_task():
         "cpu7:29470",
     )
     assert (info.num_workers, info.worker_index) == (5, 3)
-    chief = cluster.from_environment({**env, "SLURMD_NODENAME": "gpu1", "SLURM_LOCALID": "0"})
+    chief = cluster_info.from_environment({**env, "SLURMD_NODENAME": "gpu1", "SLURM_LOCALID": "0"})
     assert (chief.worker_index, chief.is_chief) == (0, True)
 
 
 def test_the_node_comes_from_slurm_nodeid_without_slurmd_nodename():
     env = {k: v for k, v in SRUN_TASK_1.items() if k != "SLURMD_NODENAME"}
-    assert cluster.from_environment(env).worker_index == 1
+    assert cluster_info.from_environment(env).worker_index == 1
 
 
 def test_mirrorkit_port_sets_the_first_port_on_every_node():
-    info = cluster.from_environment({**SRUN_TASK_1, "MIRRORKIT_PORT": "41000"})
+    info = cluster_info.from_environment({**SRUN_TASK_1, "MIRRORKIT_PORT": "41000"})
     assert info.addresses == ("mk-node0:41000", "mk-node1:41000")
     with pytest.raises(ValueError, match="MIRRORKIT_PORT=80 must be a TCP port"):
-        cluster.from_environment({**SRUN_TASK_1, "MIRRORKIT_PORT": "80"})
+        cluster_info.from_environment({**SRUN_TASK_1, "MIRRORKIT_PORT": "80"})
 
 
 def test_default_ports_stay_below_linux_ephemeral_ports():
@@ -151,12 +151,12 @@ def test_default_ports_stay_below_linux_ephemeral_ports():
 )
 def test_inconsistent_step_variables_are_errors_naming_them(change, named):
     with pytest.raises(ValueError, match="SLURM") as err:
-        cluster.from_environment({**SRUN_TASK_1, **change})
+        cluster_info.from_environment({**SRUN_TASK_1, **change})
     assert named in str(err.value)
 
 
 def test_a_batch_script_is_no_cluster_and_is_told_to_use_srun():
-    assert cluster.from_environment(BATCH_SCRIPT).source == "none"
+    assert cluster_info.from_environment(BATCH_SCRIPT).source == "none"
     note = slurm.outside_step_note(BATCH_SCRIPT)
     assert note.startswith("Slurm job 2 has 4 task(s) on 2 node(s), but this process is not")
     assert "it trains alone here" in note and "`srun python SCRIPT`" in note

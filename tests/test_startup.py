@@ -2,7 +2,7 @@
 
 The slow tests start a real chief whose TF_CONFIG names a second worker that
 never starts: TensorFlow's MultiWorkerMirroredStrategy constructor then waits in
-C++ holding the GIL, so only the helper process (`mirrorkit._startup_watch`)
+C++ holding the GIL, so only the helper process (`mirrorkit.faults._peer_wait_watcher`)
 can report and end the wait.
 """
 
@@ -18,7 +18,8 @@ import time
 
 import pytest
 
-from mirrorkit import cluster, startup
+from mirrorkit.cluster import cluster_info
+from mirrorkit.faults import peer_wait
 from mirrorkit.launcher.ports import free_ports
 
 
@@ -134,8 +135,8 @@ def test_watcher_ends_the_wait_on_a_signal_to_the_group(sig):
 _WATCHED_SLEEP = """
     import json, sys, time
     from mirrorkit import cluster, startup
-    info = cluster.from_cluster_spec({{"worker": {addresses}}}, "worker", 0)
-    with startup.watch({timeout}, info, every_s=0.5):
+    info = cluster_info.from_cluster_spec({{"worker": {addresses}}}, "worker", 0)
+    with peer_wait.watch({timeout}, info, every_s=0.5):
         time.sleep({sleep})
     print("DONE", flush=True)
 """
@@ -167,17 +168,17 @@ def test_watcher_ends_with_the_block_and_restores_the_signal_mask():
 
 
 def test_no_watcher_for_one_worker_or_no_limit():
-    alone = cluster.from_cluster_spec({"worker": ["127.0.0.1:1"]}, "worker", 0)
-    two = cluster.from_cluster_spec({"worker": ["127.0.0.1:1", "127.0.0.1:2"]}, "worker", 0)
+    alone = cluster_info.from_cluster_spec({"worker": ["127.0.0.1:1"]}, "worker", 0)
+    two = cluster_info.from_cluster_spec({"worker": ["127.0.0.1:1", "127.0.0.1:2"]}, "worker", 0)
     for timeout, info in ((5, alone), (None, two)):
-        with startup.watch(timeout, info):
+        with peer_wait.watch(timeout, info):
             assert signal.pthread_sigmask(signal.SIG_BLOCK, []) == set()
 
 
 @pytest.mark.parametrize("bad", [0, -1, float("nan"), float("inf"), "600", True])
 def test_bad_startup_timeout_is_a_clear_error(bad):
     with pytest.raises(ValueError, match="startup_timeout_s=.*seconds"):
-        startup.check_timeout(bad)
+        peer_wait.check_timeout(bad)
 
 
 def test_mk_strategy_checks_startup_timeout_first():
@@ -195,7 +196,7 @@ def test_startup_timeout_flag_defaults_to_ten_minutes_and_is_checked():
     fv = flags.FlagValues()
     mk_flags.define_flags(fv)
     fv(["train.py"])
-    assert fv.startup_timeout == startup.DEFAULT_TIMEOUT_S == 600
+    assert fv.startup_timeout == peer_wait.DEFAULT_TIMEOUT_S == 600
     fv = flags.FlagValues()
     mk_flags.define_flags(fv)
     fv(["train.py", "--startup_timeout=30"])

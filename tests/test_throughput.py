@@ -283,10 +283,10 @@ def fit_with_one_slow_worker(slow_worker):
     import tensorflow as tf
 
     import mirrorkit as mk
-    from mirrorkit import cluster
+    from mirrorkit.cluster import cluster_info
 
     # Before mk.strategy(), read the rank from TF_CONFIG: TensorFlow must not start yet.
-    rank = cluster.from_environment().worker_index
+    rank = cluster_info.from_environment().worker_index
     delay = SLOW_S if rank == slow_worker else WORK_S
 
     class Work(keras.layers.Layer):

@@ -8,7 +8,8 @@ import keras
 import pytest
 import tensorflow as tf
 
-from mirrorkit import chief, compat, versions
+from mirrorkit import compat, versions
+from mirrorkit.cluster import chief
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 

@@ -166,7 +166,7 @@ def test_watchdog_ends_a_stuck_process_and_spares_a_progressing_one():
     code = textwrap.dedent(
         """
         import sys, time
-        from mirrorkit.watchdog import Watchdog
+        from mirrorkit.faults.step_timeout import Watchdog
         dog = Watchdog(1.5, "worker 7", poll_s=0.1)
         dog.start()
         for step in range(6):           # progressing: 0.5 s a step, never 1.5 s

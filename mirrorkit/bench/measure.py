@@ -13,7 +13,7 @@ from typing import Any
 import keras
 import numpy as np
 
-from mirrorkit import cluster
+from mirrorkit.cluster import cluster_info
 
 #: All-reduce message sizes in bytes: 4 KB to 64 MB, by factors of 4.
 ALLREDUCE_SIZES = tuple(4096 * 4**i for i in range(8))
@@ -41,7 +41,7 @@ def _strategy(replicas: int, raw: bool, bucket_mb: float | None = None):
     import mirrorkit as mk
 
     # A one-worker job's TF_CONFIG (the sweep's launcher writes one) names no peers.
-    multi_worker = cluster.from_environment().is_multi_worker
+    multi_worker = cluster_info.from_environment().is_multi_worker
     if raw:
         if multi_worker:
             return tf.distribute.MultiWorkerMirroredStrategy()

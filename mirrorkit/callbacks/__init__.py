@@ -5,7 +5,7 @@
 - `ReplicaSyncCheck`: every N steps, checks that every replica of every worker
   holds the same variables, naming the first one that differs.
 - `HangWatchdog`: a training step that never completes ends the worker, naming
-  the step and dumping its Python stacks (`mirrorkit.watchdog`).
+  the step and dumping its Python stacks (`mirrorkit.faults.step_timeout`).
 
 Example:
 ```python

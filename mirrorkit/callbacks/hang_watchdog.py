@@ -7,8 +7,8 @@ import os
 
 import keras
 
-from mirrorkit import cluster
-from mirrorkit.watchdog import ENV, EXIT_STATUS, Watchdog
+from mirrorkit.cluster import cluster_info
+from mirrorkit.faults.step_timeout import ENV, EXIT_STATUS, Watchdog
 
 
 class HangWatchdog(keras.callbacks.Callback):
@@ -70,7 +70,7 @@ class HangWatchdog(keras.callbacks.Callback):
         """Starts the clock."""
         if self.hang_timeout_s is None:
             return
-        info = cluster.from_environment()
+        info = cluster_info.from_environment()
         name = f"worker {info.worker_index}" if info.is_multi_worker else "this process"
         self._dog = Watchdog(self.hang_timeout_s, name)
         self._dog.start()

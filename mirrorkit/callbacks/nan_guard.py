@@ -27,8 +27,9 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from mirrorkit import cluster, internals, workers
-from mirrorkit.compression import innermost_optimizer
+from mirrorkit import internals
+from mirrorkit.cluster import cluster_info, workers
+from mirrorkit.training.compression import innermost_optimizer
 
 _ALL_REDUCE = "_all_reduce_sum_gradients"
 _USED_FOR = "NaNGuard's per-replica gradient check"
@@ -246,7 +247,7 @@ class NaNGuard(keras.callbacks.Callback):
             f"worker {r // per_worker} replica {r % per_worker} (global replica {r}: {kind})"
             for r, kind in what.items()
         ]
-        me = cluster.from_environment().worker_index if state["workers"] > 1 else 0
+        me = cluster_info.from_environment().worker_index if state["workers"] > 1 else 0
         self.model.stop_training = True
         self._uninstall()
         raise NonFiniteError(

@@ -19,7 +19,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from mirrorkit import chief, workers
+from mirrorkit.cluster import chief, workers
 
 
 class ReplicasDivergedError(RuntimeError):

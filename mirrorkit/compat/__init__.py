@@ -31,7 +31,8 @@ from __future__ import annotations
 import keras
 import tensorflow as tf
 
-from mirrorkit import chief, versions
+from mirrorkit import versions
+from mirrorkit.cluster import chief
 from mirrorkit.compat import (
     agreed_stop,
     backup_epoch,

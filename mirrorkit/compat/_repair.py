@@ -7,7 +7,8 @@ import importlib
 from collections.abc import Callable
 from typing import Any
 
-from mirrorkit import internals, workers
+from mirrorkit import internals
+from mirrorkit.cluster import workers
 
 
 def spans_replicas(strategy: Any) -> bool:

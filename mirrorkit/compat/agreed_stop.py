@@ -30,7 +30,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from mirrorkit import chief, workers
+from mirrorkit.cluster import chief, workers
 from mirrorkit.compat._repair import multi_worker_repair
 from mirrorkit.compat.multi_worker_reduce import LOCAL_STEP_LOGS
 from mirrorkit.compat.multi_worker_reduce import REPAIR as STEP_LOGS_REPAIR
@@ -93,7 +93,7 @@ def flag_table(strategy, flag: bool) -> np.ndarray:
 
     Every worker must call it at the same point (it is a collective). The
     function is traced once per strategy: called each step, it costs a
-    fraction of what an eager `mirrorkit.workers.gather` does.
+    fraction of what an eager `mirrorkit.cluster.workers.gather` does.
 
     Args:
         strategy: a multi-worker strategy.

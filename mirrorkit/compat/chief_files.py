@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import functools
 
-from mirrorkit import chief
+from mirrorkit.cluster import chief
 from mirrorkit.compat._repair import multi_worker_repair
 
 _MODULE_BACKUP = "keras.src.callbacks.backup_and_restore"

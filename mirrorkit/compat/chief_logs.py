@@ -29,7 +29,7 @@ import tempfile
 
 import keras
 
-from mirrorkit import chief, workers
+from mirrorkit.cluster import chief, workers
 from mirrorkit.compat._repair import multi_worker_repair
 
 _UPSTREAM = "tensorboard#1011; no chief-aware logging callbacks in Keras 3"

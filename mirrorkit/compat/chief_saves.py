@@ -13,7 +13,7 @@ it: the worker does all the work the chief does (so nothing it reads can
 leave the workers out of step), and only the chief's file is left. Said once.
 A non-chief worker that wants to read the model back reads the chief's file,
 which needs storage every worker sees and the chief to have finished writing
-(wait for it, e.g. with a collective such as `mirrorkit.workers.gather`).
+(wait for it, e.g. with a collective such as `mirrorkit.cluster.workers.gather`).
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ import os
 import shutil
 import tempfile
 
-from mirrorkit import chief
+from mirrorkit.cluster import chief
 from mirrorkit.compat._repair import multi_worker_repair
 from mirrorkit.compat.chief_logs import multi_worker, not_chief_of
 

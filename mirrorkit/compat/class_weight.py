@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from mirrorkit import chief
+from mirrorkit.cluster import chief
 from mirrorkit.compat._repair import Repair
 
 

@@ -14,7 +14,7 @@ chief, what to log instead (`mk.unscale_loss`).
 
 from __future__ import annotations
 
-from mirrorkit import chief
+from mirrorkit.cluster import chief
 from mirrorkit.compat._repair import Repair, spans_replicas
 from mirrorkit.scale.custom_step import custom_train_step
 

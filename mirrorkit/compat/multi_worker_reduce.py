@@ -24,7 +24,8 @@ import keras
 import tensorflow as tf
 from keras.src.backend.tensorflow import trainer
 
-from mirrorkit import internals, workers
+from mirrorkit import internals
+from mirrorkit.cluster import workers
 from mirrorkit.compat._repair import Repair
 
 #: Strategy attribute: average per-step logs over this worker's replicas only.

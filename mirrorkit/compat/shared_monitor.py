@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from mirrorkit import chief, workers
+from mirrorkit.cluster import chief, workers
 from mirrorkit.compat._repair import multi_worker_repair
 from mirrorkit.compat.agreed_stop import multi_worker_strategy
 

@@ -36,7 +36,8 @@ from collections.abc import Iterator
 import tensorflow as tf
 from keras.src.backend.tensorflow import trainer
 
-from mirrorkit import chief, internals
+from mirrorkit import internals
+from mirrorkit.cluster import chief
 from mirrorkit.compat._repair import Repair, spans_replicas
 
 #: The name of the per-step closure inside Keras's ``_make_function``.

@@ -1,12 +1,14 @@
-"""Fault tolerance beyond start-up and hangs: restart, preemption, rescale.
+"""Fault tolerance: start-up, hung steps, restart, preemption.
 
-`mirrorkit.startup` bounds the wait for peers, `mirrorkit.watchdog` ends a step
-that never completes. Here:
-
+- `peer_wait` (with its watcher process `_peer_wait_watcher`): a multi-worker
+  strategy never waits silently forever for its peers;
+- `step_timeout`: a training step that never completes ends the worker;
 - `restart`: `mirrorkit launch --max-restarts N` relaunches a whole job whose
   worker failed, N times at each failing step, saying where and what is redone;
-- `backup`: `mk.resumable(dir)`, Keras's `BackupAndRestore` set up for that;
-- `progress`: where a failed job was, read by the launcher;
-- `preemption`: `mk.PreemptionCheckpoint`, a checkpoint at one step boundary on
-  SIGTERM, resumed at that step on any number of workers.
+- `backup` and `backup_pair`: `mk.resumable(dir)`, Keras's `BackupAndRestore`
+  set up for that;
+- `resume_point`: where a failed job was, read by the launcher;
+- `preemption_checkpoint`: `mk.PreemptionCheckpoint`, a checkpoint at one step
+  boundary on SIGTERM, resumed at that step on any number of workers;
+- `preemption_relay`: the launcher's side of a preemption.
 """

@@ -37,8 +37,8 @@ import os
 
 import keras
 
-from mirrorkit import chief
-from mirrorkit.faults import backup_pair, progress
+from mirrorkit.cluster import chief
+from mirrorkit.faults import backup_pair, resume_point
 
 
 def resumable(backup_dir: str) -> keras.callbacks.BackupAndRestore:
@@ -73,7 +73,7 @@ def resumable(backup_dir: str) -> keras.callbacks.BackupAndRestore:
         str(backup_dir), save_freq="epoch", double_checkpoint=True
     )
     backup_pair.make_atomic(callback)
-    path = os.environ.get(progress.ENV)
+    path = os.environ.get(resume_point.ENV)
     if path and chief.is_chief():
         _record_progress(callback, path)
     return callback
@@ -91,7 +91,7 @@ def _record_progress(callback: keras.callbacks.BackupAndRestore, path: str) -> N
     def on_train_begin(logs=None):
         restore(logs)
         steps = (callback.params or {}).get("steps")
-        state["recorder"] = progress.Recorder(path, callback.backup_dir, steps)
+        state["recorder"] = resume_point.Recorder(path, callback.backup_dir, steps)
         state["epoch"] = getattr(callback.model, "_initial_epoch", None) or 0
         state["recorder"].at(state["epoch"], 0)
 

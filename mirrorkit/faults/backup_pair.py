@@ -27,7 +27,8 @@ import tempfile
 
 import keras
 
-from mirrorkit import chief, internals
+from mirrorkit import internals
+from mirrorkit.cluster import chief
 
 DIGEST = "weights_sha256"  # the metadata's key for its weights' digest
 _INTERNALS = (

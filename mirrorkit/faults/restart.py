@@ -11,7 +11,7 @@ N counts the restarts at one failing step: a job that keeps failing at the
 same step (a bad batch, a corrupt backup, out of memory at a given point)
 stops after N restarts there, while one that fails somewhere new each time
 (preemptible machines) gets N restarts at each place. Where the job failed is
-known from `mk.resumable`'s progress record (`mirrorkit.faults.progress`); a
+known from `mk.resumable`'s progress record (`mirrorkit.faults.resume_point`); a
 job without it has one place, "unknown", so N counts all its restarts.
 
 Each restart is said with its cause, where it failed, where it resumes and
@@ -25,7 +25,7 @@ import dataclasses
 import signal
 from collections.abc import Callable
 
-from mirrorkit.faults import progress
+from mirrorkit.faults import resume_point
 from mirrorkit.launcher.processes import WorkerError
 
 #: Environment variable holding the attempt number (0: the first launch).
@@ -49,17 +49,18 @@ class Failure:
         steps_per_epoch: the epoch length, for the steps redone.
     """
 
-    at: progress.Position | None = None
-    resume: progress.Position | None = None
+    at: resume_point.Position | None = None
+    resume: resume_point.Position | None = None
     steps_per_epoch: int | None = None
 
     @classmethod
     def read(cls, progress_file: str | None) -> Failure:
         """What the chief's progress file (and its backup) say about a failed attempt."""
-        record = progress.read(progress_file)
+        record = resume_point.read(progress_file)
         if record is None:
             return cls()
-        return cls(record.at, progress.backup_position(record.backup_dir), record.steps_per_epoch)
+        resume = resume_point.backup_position(record.backup_dir)
+        return cls(record.at, resume, record.steps_per_epoch)
 
     def where(self) -> str:
         """`` at epoch E step S`` (or nothing when unknown)."""
@@ -137,7 +138,7 @@ def run_with_restarts(
     if isinstance(max_restarts, bool) or not isinstance(max_restarts, int) or max_restarts < 0:
         raise ValueError(f"max_restarts={max_restarts!r}: give a whole number >= 0")
     attempt = 0
-    at_step: dict[progress.Position | None, int] = {}
+    at_step: dict[resume_point.Position | None, int] = {}
     while True:
         try:
             run_once(attempt)

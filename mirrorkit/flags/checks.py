@@ -11,7 +11,7 @@ from typing import Any
 
 from absl import flags
 
-from mirrorkit import cluster
+from mirrorkit.cluster import cluster_info
 
 #: ``--distribution_strategy`` values: mk.strategy's kinds and their aliases.
 KINDS = (
@@ -23,7 +23,7 @@ KINDS = (
     "default",
     "off",
 )
-#: ``--all_reduce_alg`` values (`mirrorkit.allreduce`).
+#: ``--all_reduce_alg`` values (`mirrorkit.strategies.allreduce`).
 ALL_REDUCE_ALGS = ("auto", "ring", "nccl", "hierarchical_copy", "reduce_to_one")
 _PACKED = ("nccl", "hierarchical_copy")
 _SINGLE_REPLICA = ("one_device", "default", "off")
@@ -71,7 +71,7 @@ def collective_runs(fv: flags.FlagValues) -> bool:
 
 def _env_multi_worker() -> bool:
     try:
-        return cluster.from_environment().is_multi_worker
+        return cluster_info.from_environment().is_multi_worker
     except ValueError:
         return False
 
@@ -216,7 +216,7 @@ def cluster_conflict(fv: flags.FlagValues, env: Mapping[str, str]) -> str | None
         return None
     index = fv["task_index"].value or 0
     try:
-        outside = cluster.from_environment(env)
+        outside = cluster_info.from_environment(env)
     except ValueError as err:
         return f"--worker_hosts is set and the environment's cluster is malformed: {err}"
     if outside.source == "TF_CONFIG":

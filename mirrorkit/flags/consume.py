@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 from absl import flags
 
-from mirrorkit import chief, cluster
+from mirrorkit.cluster import chief, cluster_info
 from mirrorkit.flags.checks import cluster_conflict, combination_problem, given, tf_config
 
 if TYPE_CHECKING:
@@ -76,7 +76,7 @@ def strategy_from_flags(
         and num_gpus is None
         and cpu_replicas is None
         and kind in ("auto", "mirrored")
-        and not cluster.from_environment().is_multi_worker
+        and not cluster_info.from_environment().is_multi_worker
         and not _has_gpus()
     ):
         cpu_replicas = default_cpu_replicas

@@ -14,8 +14,8 @@ import dataclasses
 import re
 from collections.abc import Mapping, Sequence
 
-from mirrorkit import slurm
-from mirrorkit.slurm import expand_hostlist
+from mirrorkit.cluster import slurm
+from mirrorkit.cluster.slurm import expand_hostlist
 
 __all__ = [
     "DEFAULT_PORT",
@@ -125,12 +125,12 @@ def from_slurm(
     Each task of the step (``srun --ntasks-per-node=1 mirrorkit launch -n K``:
     one per node) runs K workers; task t's worker j has rank ``t * K + j``
     and listens on ``first_port + local_id * K + j`` of its node (see
-    `mirrorkit.slurm`; `port` overrides ``first_port``).
+    `mirrorkit.cluster.slurm`; `port` overrides ``first_port``).
 
     Args:
         env: the environment.
         nproc: workers this launcher runs (``-n``).
-        port: ``--port``, or None for `mirrorkit.slurm.first_port`.
+        port: ``--port``, or None for `mirrorkit.cluster.slurm.first_port`.
 
     Returns:
         ``(layout, warning)``: layout None outside a step of several tasks;

@@ -23,7 +23,8 @@ import sys
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TextIO
 
-from mirrorkit.launcher import allocator, cluster_spec, hosts, netns, pinning, processes, tf_noise
+from mirrorkit.cluster import tf_config
+from mirrorkit.launcher import allocator, hosts, netns, pinning, processes, tf_noise
 
 
 @dataclasses.dataclass(frozen=True)
@@ -111,7 +112,7 @@ def run_job(
             "theirs only. Pass a command, or leave log_dir out."
         )
     if layout is None:
-        addresses = tuple(cluster_spec.local_addresses(num_workers))
+        addresses = tuple(tf_config.local_addresses(num_workers))
         layout = hosts.Layout(addresses, 0, num_workers, False)
     if layout.local_workers != num_workers:
         raise ValueError(
@@ -123,7 +124,7 @@ def run_job(
     private = plan_network(layout, private_network, wording)
 
     def worker_env(i: int) -> dict[str, str]:
-        planned = cluster_spec.worker_env(layout.addresses, layout.first_rank + i)
+        planned = tf_config.worker_env(layout.addresses, layout.first_rank + i)
         return {**planned, **(env(i) if env else {})}
 
     with tf_noise.keeping(tf_startup_logs):  # the supervisor reads it, see tf_noise

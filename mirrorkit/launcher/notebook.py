@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from mirrorkit import cluster
+from mirrorkit.cluster import cluster_info
 from mirrorkit.launcher import local_job
 
 
@@ -65,7 +65,7 @@ def launch(
     """
     if isinstance(num_workers, bool) or not isinstance(num_workers, int) or num_workers < 1:
         raise ValueError(f"num_workers must be a positive integer; got {num_workers!r}")
-    here = cluster.from_environment()
+    here = cluster_info.from_environment()
     if here.is_multi_worker:
         raise RuntimeError(
             f"mk.launch starts its own workers, but this process is already worker "

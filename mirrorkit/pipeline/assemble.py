@@ -14,7 +14,7 @@ from collections.abc import Callable
 
 import tensorflow as tf
 
-from mirrorkit import chief
+from mirrorkit.cluster import chief
 from mirrorkit.pipeline import (
     batch_sizes,
     batched,

@@ -14,10 +14,11 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
-from mirrorkit import chief, registry
-from mirrorkit import workers as workers_lib
+from mirrorkit.cluster import chief
+from mirrorkit.cluster import workers as workers_lib
 from mirrorkit.pipeline import assemble, batch_sizes, batched, sources, tfds_source
 from mirrorkit.pipeline.options import Options
+from mirrorkit.strategies import current
 
 
 def distribute(
@@ -139,7 +140,7 @@ def distribute(
         "ignore", message="`shuffle=True` was passed, but will be ignored", category=UserWarning
     )
     if strategy is None:  # resolved now, so that with_class_weight rebuilds for this strategy
-        strategy = registry.current_strategy()
+        strategy = current.current_strategy()
     arguments = dict(locals())
     made, seed = _distribute(**arguments)
 
@@ -172,7 +173,7 @@ def _distribute(
 ) -> tuple[tf.distribute.DistributedDataset, int | None]:
     """`distribute`'s work; returns the dataset and the shuffle seed it used."""
     if strategy is None:
-        strategy = registry.current_strategy()
+        strategy = current.current_strategy()
     found = batched.find(data) if isinstance(data, tf.data.Dataset) else None
     if isinstance(data, tf.data.Dataset) and not for_eval and batched.caches_a_shuffle(data):
         assemble.say_cached_shuffle()

@@ -34,7 +34,7 @@ from typing import Any
 import keras
 import tensorflow as tf
 
-from mirrorkit import chief
+from mirrorkit.cluster import chief
 from mirrorkit.compat import fit_epoch
 
 #: Every live in-memory shuffled order, and every live shuffled stream (a marker object).

@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
-from mirrorkit import chief
+from mirrorkit.cluster import chief
 from mirrorkit.pipeline import batched
 
 

@@ -14,7 +14,8 @@ from __future__ import annotations
 import keras
 import tensorflow as tf
 
-from mirrorkit import chief, internals
+from mirrorkit import internals
+from mirrorkit.cluster import chief
 from mirrorkit.compat._repair import spans_replicas
 
 

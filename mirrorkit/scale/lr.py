@@ -16,7 +16,7 @@ from typing import Any
 
 import keras
 
-from mirrorkit import chief
+from mirrorkit.cluster import chief
 
 #: The scaling rules `scale_learning_rate` accepts.
 RULES = ("linear", "sqrt")

@@ -9,8 +9,9 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from mirrorkit import chief, internals
-from mirrorkit import workers as workers_lib
+from mirrorkit import internals
+from mirrorkit.cluster import chief
+from mirrorkit.cluster import workers as workers_lib
 from mirrorkit.throughput import bottleneck, input_clock
 from mirrorkit.throughput.baseline import read_baseline
 from mirrorkit.throughput.report import EpochThroughput, ThroughputReport, summary_line

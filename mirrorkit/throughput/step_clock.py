@@ -45,7 +45,7 @@ class StepClock:
 
     def install(self, model: keras.Model) -> bool:
         """Instruments `model`; returns False when its optimizer has no gradient all-reduce."""
-        from mirrorkit.compression import innermost_optimizer
+        from mirrorkit.training.compression import innermost_optimizer
 
         optimizer = innermost_optimizer(model)
         if optimizer is None:

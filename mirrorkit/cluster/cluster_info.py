@@ -12,7 +12,7 @@ import json
 import os
 from collections.abc import Mapping, Sequence
 
-from mirrorkit import slurm
+from mirrorkit.cluster import slurm
 
 #: Job types a TF_CONFIG may name, and those that count as training workers.
 KNOWN_JOBS = ("chief", "worker", "evaluator", "ps")
@@ -26,7 +26,7 @@ class ClusterInfo:
     This is the one place mirrorkit computes "which worker am I":
     `worker_index` numbers the training tasks the way TensorFlow does (the
     ``chief`` task first, then ``worker`` 0, 1, ...), and `mk.describe`,
-    `mk.is_chief`, `mirrorkit.workers` and the callbacks all read it.
+    `mk.is_chief`, `mirrorkit.cluster.workers` and the callbacks all read it.
 
     Attributes:
         source: ``"TF_CONFIG"``, ``"slurm"`` or ``"none"``.
@@ -116,7 +116,7 @@ def parse_tf_config(text: str) -> ClusterInfo:
 
     Example:
     ```python
-    from mirrorkit.cluster import parse_tf_config
+    from mirrorkit.cluster.cluster_info import parse_tf_config
 
     info = parse_tf_config('{"cluster": {"worker": ["127.0.0.1:2222", "127.0.0.1:2223"]}, '
                            '"task": {"type": "worker", "index": 1}}')
@@ -217,7 +217,7 @@ def from_environment(env: Mapping[str, str] | None = None) -> ClusterInfo:
 
     A Slurm step is one ``srun`` of several tasks, one task per worker: its
     nodes, tasks per node and ports come from the ``SLURM_STEP_*`` variables
-    (see `mirrorkit.slurm`); a batch script outside ``srun`` is no cluster.
+    (see `mirrorkit.cluster.slurm`); a batch script outside ``srun`` is no cluster.
 
     Args:
         env: the environment to read; `os.environ` when None.
@@ -227,7 +227,7 @@ def from_environment(env: Mapping[str, str] | None = None) -> ClusterInfo:
 
     Example:
     ```python
-    from mirrorkit.cluster import from_environment
+    from mirrorkit.cluster.cluster_info import from_environment
 
     assert from_environment({}).num_workers == 1
     ```
@@ -236,7 +236,7 @@ def from_environment(env: Mapping[str, str] | None = None) -> ClusterInfo:
     text = env.get("TF_CONFIG", "").strip()
     if text:
         return parse_tf_config(text)
-    here = slurm.step(env)  # a task of an srun step of several tasks (mirrorkit.slurm)
+    here = slurm.step(env)  # a task of an srun step of several tasks (mirrorkit.cluster.slurm)
     if here is not None:
         return ClusterInfo(
             source="slurm",

@@ -24,7 +24,7 @@ import importlib.util
 import os
 from collections.abc import Mapping
 
-from mirrorkit import chief
+from mirrorkit.cluster import chief
 
 #: The variable, and the values TensorFlow reads as "use tf_keras for tf.keras".
 ENV = "TF_USE_LEGACY_KERAS"

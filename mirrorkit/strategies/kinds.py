@@ -15,8 +15,10 @@ from collections.abc import Callable
 import tensorflow as tf
 from tensorflow.python.distribute import distribute_lib
 
-from mirrorkit import allreduce, chief, cluster, internals, slurm
-from mirrorkit import devices as devices_lib
+from mirrorkit import internals
+from mirrorkit.cluster import chief, cluster_info, slurm
+from mirrorkit.strategies import allreduce
+from mirrorkit.strategies import devices as devices_lib
 
 
 def mirrored(*, devices, num_gpus, cpu_replicas, all_reduce, bucket_mb, timeout_s):
@@ -87,11 +89,11 @@ def _with_own_collective_keys(make: Callable[[], tf.distribute.MirroredStrategy]
 def multi_worker(*, devices, num_gpus, cpu_replicas, all_reduce, bucket_mb, timeout_s):
     """`tf.distribute.MultiWorkerMirroredStrategy` from TF_CONFIG or a Slurm step.
 
-    Under Slurm, each task sees only its own GPUs (`mirrorkit.slurm.gpu_share`),
+    Under Slurm, each task sees only its own GPUs (`mirrorkit.cluster.slurm.gpu_share`),
     or its CPU where the node has none, and the cluster is the one
-    `mirrorkit.cluster` read from the step's variables.
+    `mirrorkit.cluster.cluster_info` read from the step's variables.
     """
-    info = cluster.from_environment()  # validates TF_CONFIG, naming a bad field
+    info = cluster_info.from_environment()  # validates TF_CONFIG, naming a bad field
     if not info.is_training_worker:
         raise ValueError(
             f"kind='multi_worker' was asked for, but TF_CONFIG names this task "
@@ -114,7 +116,7 @@ def multi_worker(*, devices, num_gpus, cpu_replicas, all_reduce, bucket_mb, time
     )
     resolver = None
     if info.source == "slurm":
-        # The cluster mirrorkit.slurm read from the step's variables; never TensorFlow's
+        # The cluster mirrorkit.cluster.slurm read from the step's variables; never TensorFlow's
         # SlurmClusterResolver, which runs nvidia-smi and scontrol (tensorflow#56894).
         resolver = tf.distribute.cluster_resolver.SimpleClusterResolver(
             tf.train.ClusterSpec({"worker": list(info.addresses)}),
@@ -146,7 +148,7 @@ def multi_worker(*, devices, num_gpus, cpu_replicas, all_reduce, bucket_mb, time
 
 
 def _take_slurm_gpus() -> None:
-    """Makes this Slurm task see only its own GPUs (`mirrorkit.slurm.gpu_share`), and says so."""
+    """Makes this Slurm task see only its own GPUs (`slurm.gpu_share`), and says so."""
     here = slurm.step(os.environ)
     physical = tf.config.list_physical_devices("GPU")
     share = slurm.gpu_share(here, os.environ, len(physical))

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 
 import keras
 
-from mirrorkit import chief
+from mirrorkit.cluster import chief
 
 KINDS = ("auto", "mirrored", "multi_worker", "one_device", "default")
 ALIASES = {"multi_worker_mirrored": "multi_worker", "off": "default"}
@@ -28,7 +28,7 @@ def normalize_kind(kind: str) -> str:
 
     Example:
     ```python
-    from mirrorkit.strategy_args import normalize_kind
+    from mirrorkit.strategies.arguments import normalize_kind
 
     assert normalize_kind("Off") == "default"
     ```

@@ -1,10 +1,10 @@
 """`mk.strategy()`: the one entry point that turns a request into a strategy.
 
-It checks the request (`mirrorkit.strategy_args`), resolves ``auto``
-(`mirrorkit.topology.plan_auto`), fixes the devices (`mirrorkit.devices`),
-calls the kind's builder (`mirrorkit.builders`), applies the Keras repairs the
+It checks the request (`mirrorkit.strategies.arguments`), resolves ``auto``
+(`mirrorkit.strategies.topology.plan_auto`), fixes the devices (`mirrorkit.strategies.devices`),
+calls the kind's builder (`mirrorkit.strategies.kinds`), applies the Keras repairs the
 strategy needs (`mirrorkit.compat`) and records it as the current strategy
-(`mirrorkit.registry`).
+(`mirrorkit.strategies.current`).
 """
 
 from __future__ import annotations
@@ -14,21 +14,12 @@ from collections.abc import Sequence
 
 import tensorflow as tf
 
-from mirrorkit import (
-    allreduce,
-    builders,
-    chief,
-    compat,
-    legacy_keras,
-    platforms,
-    registry,
-    startup,
-    strategy_args,
-    tf_logging,
-    topology,
-)
-from mirrorkit import devices as devices_lib
-from mirrorkit.registry import current_strategy
+from mirrorkit import compat
+from mirrorkit.cluster import chief, legacy_keras, platforms
+from mirrorkit.faults import peer_wait
+from mirrorkit.strategies import allreduce, arguments, current, kinds, tf_logging, topology
+from mirrorkit.strategies import devices as devices_lib
+from mirrorkit.strategies.current import current_strategy
 
 __all__ = ["current_strategy", "strategy"]
 
@@ -42,7 +33,7 @@ def strategy(
     all_reduce: str = "auto",
     bucket_mb: float | None = None,
     timeout_s: float | None = None,
-    startup_timeout_s: float | None = startup.DEFAULT_TIMEOUT_S,
+    startup_timeout_s: float | None = peer_wait.DEFAULT_TIMEOUT_S,
 ) -> tf.distribute.Strategy:
     """Makes the `tf.distribute.Strategy` for this machine or cluster.
 
@@ -71,7 +62,7 @@ def strategy(
             after that, N up to the number of logical CPUs already fixed is
             served from those (said once), and a larger N is an error.
         all_reduce: ``auto``, ``nccl``, ``ring``, ``hierarchical_copy`` or
-            ``reduce_to_one``; see `mirrorkit.allreduce`.
+            ``reduce_to_one``; see `mirrorkit.strategies.allreduce`.
         bucket_mb: pack gradients into all-reduce buckets of this many MB.
         timeout_s: abort a collective that waits longer than this (the
             collective all-reduce only; a warning where TensorFlow has none).
@@ -79,7 +70,7 @@ def strategy(
             peers to start (default 600 s; None: no limit). Meanwhile the chief
             says every few seconds which tasks are not up yet; after it, or on
             Ctrl-C/SIGTERM, the process ends (exit status 137) with a message
-            naming the missing tasks. See `mirrorkit.startup`.
+            naming the missing tasks. See `mirrorkit.faults.peer_wait`.
 
     Returns:
         A `tf.distribute.Strategy`: TensorFlow's own object, no wrapper.
@@ -102,21 +93,21 @@ def strategy(
         model.compile(optimizer="sgd", loss="mse")
     ```
     """
-    name = strategy_args.normalize_kind(kind)
-    strategy_args.check_backend()
+    name = arguments.normalize_kind(kind)
+    arguments.check_backend()
     legacy_keras.say_keras_3()  # Ray Train sets TF_USE_LEGACY_KERAS=1; mirrorkit keeps Keras 3
     platforms.say_notices()  # SageMaker hosts without TF_CONFIG train alone
-    strategy_args.check_arguments(name, devices, num_gpus, cpu_replicas, bucket_mb, timeout_s)
-    startup_timeout_s = startup.check_timeout(startup_timeout_s)
+    arguments.check_arguments(name, devices, num_gpus, cpu_replicas, bucket_mb, timeout_s)
+    startup_timeout_s = peer_wait.check_timeout(startup_timeout_s)
     all_reduce = allreduce.normalize(all_reduce)
     devices = tuple(devices_lib.short_device(d) for d in devices) if devices else None
     resolved = _resolve_auto(devices, num_gpus, cpu_replicas) if name == "auto" else name
     if name == "auto" and resolved in ("one_device", "default"):
         allreduce.require_gpus(all_reduce, has_gpus=bool(tf.config.list_physical_devices("GPU")))
-        strategy_args.warn_unused_all_reduce(all_reduce, bucket_mb, timeout_s)
+        arguments.warn_unused_all_reduce(all_reduce, bucket_mb, timeout_s)
         all_reduce, bucket_mb, timeout_s = "auto", None, None
     elif resolved in ("one_device", "default"):
-        strategy_args.refuse_all_reduce_options(resolved, all_reduce, bucket_mb, timeout_s)
+        arguments.refuse_all_reduce_options(resolved, all_reduce, bucket_mb, timeout_s)
 
     key = (
         resolved,
@@ -128,15 +119,15 @@ def strategy(
         timeout_s,
         os.environ.get("TF_CONFIG", ""),
     )
-    made = registry.lookup(key)
+    made = current.lookup(key)
     if made is not None:
         compat.enable(made)  # idempotent; back in place after a compat.disable()
         return made
     if cpu_replicas is not None:
         devices_lib.ensure_cpu_replicas(cpu_replicas)
     tf_logging.quiet_interactive_info()  # no INFO:tensorflow lines in a notebook's fit
-    with startup.watch(startup_timeout_s if resolved == "multi_worker" else None):
-        made = builders.BUILDERS[resolved](
+    with peer_wait.watch(startup_timeout_s if resolved == "multi_worker" else None):
+        made = kinds.BUILDERS[resolved](
             devices=devices,
             num_gpus=num_gpus,
             cpu_replicas=cpu_replicas,
@@ -144,7 +135,7 @@ def strategy(
             bucket_mb=bucket_mb,
             timeout_s=timeout_s,
         )
-    registry.remember(key, made)
+    current.remember(key, made)
     compat.enable(made)
     chief.say(topology.describe(made).summary())
     return made

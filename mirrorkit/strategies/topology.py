@@ -12,8 +12,10 @@ import os
 
 import tensorflow as tf
 
-from mirrorkit import allreduce, chief, cluster, registry, slurm, tables, workers
-from mirrorkit.devices import compact_devices, short_device
+from mirrorkit import tables
+from mirrorkit.cluster import chief, cluster_info, slurm, workers
+from mirrorkit.strategies import allreduce, current
+from mirrorkit.strategies.devices import compact_devices, short_device
 
 
 @dataclasses.dataclass(frozen=True)
@@ -112,7 +114,7 @@ def describe(strategy: tf.distribute.Strategy | None = None) -> Topology:
     ```
     """
     if strategy is None:
-        strategy = registry.current_strategy()
+        strategy = current.current_strategy()
     kind = _PUBLIC_NAMES.get(type(strategy).__name__, type(strategy).__name__)
     here = workers.position(strategy)
     devices = _local_devices(strategy)
@@ -165,7 +167,7 @@ def plan_auto(cpu_replicas: int | None = None, num_gpus: int | None = None) -> A
        ``worker``), this being one of them, or a Slurm step (``srun``) with more
        than one task -> ``multi_worker``. An ``evaluator`` task goes on to the
        local rules; a batch script of a Slurm job of several tasks, outside
-       ``srun``, is said to train alone (`mirrorkit.slurm.outside_step_note`).
+       ``srun``, is said to train alone (`mirrorkit.cluster.slurm.outside_step_note`).
     2. two or more GPUs visible (or ``num_gpus`` >= 2) -> ``mirrored`` over them.
     3. ``cpu_replicas`` >= 2 -> ``mirrored`` over that many logical CPUs.
     4. otherwise -> ``one_device`` (GPU:0 if there is one, else CPU:0).
@@ -177,7 +179,7 @@ def plan_auto(cpu_replicas: int | None = None, num_gpus: int | None = None) -> A
     Returns:
         An `AutoChoice`.
     """
-    info = cluster.from_environment()
+    info = cluster_info.from_environment()
     outside = slurm.outside_step_note(os.environ) if info.source == "none" else None
     if outside:
         chief.say_once("slurm-outside-step", outside)

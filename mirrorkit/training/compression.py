@@ -15,7 +15,8 @@ from typing import Any
 import keras
 import tensorflow as tf
 
-from mirrorkit import chief, internals
+from mirrorkit import internals
+from mirrorkit.cluster import chief
 
 DTYPES = {"fp16": tf.float16, "bf16": tf.bfloat16}
 

@@ -7,9 +7,12 @@ from collections.abc import Callable
 import keras
 import tensorflow as tf
 
-from mirrorkit import chief, compat, compression, registry, workers
+from mirrorkit import compat
+from mirrorkit.cluster import chief, workers
 from mirrorkit.compat.multi_worker_reduce import LOCAL_STEP_LOGS
 from mirrorkit.scale import batchnorm
+from mirrorkit.strategies import current
+from mirrorkit.training import compression
 
 #: What `build`'s ``step_logs`` accepts.
 STEP_LOGS = ("averaged", "local")
@@ -33,7 +36,7 @@ def build(
             `mk.strategy()` made last, else TensorFlow's default.
         gradient_compression: ``"fp16"`` or ``"bf16"`` all-reduces float32
             gradients in 16 bits (half the bytes, less precision; see
-            `mirrorkit.compression`); None (the default) keeps float32.
+            `mirrorkit.training.compression`); None (the default) keeps float32.
         step_logs: ``"averaged"`` (the default) averages the logs Keras
             hands to the progress bar and ``on_train_batch_end`` over every
             replica after each step; ``"local"`` averages them over this
@@ -65,7 +68,7 @@ def build(
             f"build() takes a function that returns a keras.Model; got {type(model_fn).__name__}. "
             "Pass the function itself (mk.build(make_model)), not its result."
         )
-    chosen = strategy or registry.current_strategy()
+    chosen = strategy or current.current_strategy()
     with chosen.scope():
         model = model_fn()
         if not isinstance(model, keras.Model):

@@ -5,7 +5,7 @@ runtime until every task of the cluster has started, and it waits holding the
 GIL, with SIGTERM caught by TensorFlow's preemption notifier: no Python thread,
 signal handler or TensorFlow option ends that wait (measured on TF 2.21). So
 `watch` runs the watcher in a small helper process without TensorFlow
-(`mirrorkit._startup_watch`) for exactly as long as the constructor runs, and
+(`mirrorkit.faults._peer_wait_watcher`) for exactly as long as the constructor runs, and
 blocks SIGTERM and SIGINT in this thread meanwhile so that the helper sees them
 pending. The helper:
 
@@ -49,7 +49,7 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
-from mirrorkit import cluster
+from mirrorkit.cluster import cluster_info
 
 #: Default `mk.strategy(startup_timeout_s=...)`: ten minutes.
 DEFAULT_TIMEOUT_S = 600.0
@@ -100,7 +100,7 @@ def check_timeout(startup_timeout_s: object) -> float | None:
 @contextlib.contextmanager
 def watch(
     startup_timeout_s: float | None,
-    info: cluster.ClusterInfo | None = None,
+    info: cluster_info.ClusterInfo | None = None,
     *,
     every_s: float = REPORT_EVERY_S,
 ) -> Iterator[None]:
@@ -124,7 +124,7 @@ def watch(
         strategy = tf.distribute.MultiWorkerMirroredStrategy()
     ```
     """
-    info = info if info is not None else cluster.from_environment()
+    info = info if info is not None else cluster_info.from_environment()
     if startup_timeout_s is None or not info.is_multi_worker or not _main_thread():
         yield
         return
@@ -152,7 +152,7 @@ def watch(
             [
                 sys.executable,
                 "-I",
-                str(Path(__file__).with_name("_startup_watch.py")),
+                str(Path(__file__).with_name("_peer_wait_watcher.py")),
                 json.dumps(spec),
             ],
             stdin=subprocess.PIPE,

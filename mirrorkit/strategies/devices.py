@@ -12,7 +12,7 @@ import re
 
 import tensorflow as tf
 
-from mirrorkit import chief
+from mirrorkit.cluster import chief
 
 
 def short_device(name: str) -> str:

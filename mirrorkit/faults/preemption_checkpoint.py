@@ -49,8 +49,9 @@ from typing import Any
 import keras
 import tensorflow as tf
 
-from mirrorkit import chief, internals, workers
-from mirrorkit.faults.preempted import EXIT_STATUS, Preempted, local_workers
+from mirrorkit import internals
+from mirrorkit.cluster import chief, workers
+from mirrorkit.faults.preemption_relay import EXIT_STATUS, Preempted, local_workers
 from mirrorkit.pipeline import epoch_order
 
 __all__ = ["EXIT_STATUS", "PreemptionCheckpoint", "Preempted", "local_workers"]

@@ -25,7 +25,7 @@ def current_strategy() -> tf.distribute.Strategy:
     Example:
     ```python
     import mirrorkit as mk
-    from mirrorkit.registry import current_strategy
+    from mirrorkit.strategies.current import current_strategy
 
     made = mk.strategy(cpu_replicas=2)
     assert current_strategy() is made

@@ -1,7 +1,7 @@
 """A Slurm job step as its environment variables describe it: nodes, tasks, ports, GPUs.
 
 Pure functions of the environment, no TensorFlow, no ``scontrol``, no
-``nvidia-smi``. `mirrorkit.cluster.from_environment` turns a `Step` into the
+``nvidia-smi``. `mirrorkit.cluster.cluster_info.from_environment` turns a `Step` into the
 `ClusterInfo` every worker reads (one Slurm task per worker: ``srun python
 train.py``); `mirrorkit launch` under ``srun`` lays its workers out from the
 same `Step` (one launcher per node). The variables read, all set by ``srun``
@@ -58,7 +58,7 @@ def expand_hostlist(text: str) -> list[str]:
 
     Example:
     ```python
-    from mirrorkit.slurm import expand_hostlist
+    from mirrorkit.cluster.slurm import expand_hostlist
 
     hosts = expand_hostlist("node[01-03,07],gpu5")
     assert hosts == ["node01", "node02", "node03", "node07", "gpu5"]
@@ -113,7 +113,7 @@ def expand_tasks_per_node(text: str) -> list[int]:
 
     Example:
     ```python
-    from mirrorkit.slurm import expand_tasks_per_node
+    from mirrorkit.cluster.slurm import expand_tasks_per_node
 
     assert expand_tasks_per_node("2(x3),1") == [2, 2, 2, 1]
     ```
@@ -182,7 +182,7 @@ def first_port(env: Mapping[str, str]) -> int:
 
     Example:
     ```python
-    from mirrorkit.slurm import first_port
+    from mirrorkit.cluster.slurm import first_port
 
     assert first_port({"SLURM_JOB_ID": "49"}) == 29470 + 64
     assert first_port({"MIRRORKIT_PORT": "40000", "SLURM_JOB_ID": "49"}) == 40000
@@ -213,7 +213,7 @@ def step(env: Mapping[str, str]) -> Step | None:
 
     Example:
     ```python
-    from mirrorkit.slurm import step
+    from mirrorkit.cluster.slurm import step
 
     env = {"SLURM_STEP_ID": "0", "SLURM_STEP_NODELIST": "gpu[1-2]", "SLURMD_NODENAME": "gpu2",
            "SLURM_STEP_TASKS_PER_NODE": "2(x2)", "SLURM_LOCALID": "1", "SLURM_JOB_ID": "7"}
@@ -298,7 +298,7 @@ def outside_step_note(
 
     Example:
     ```python
-    from mirrorkit.slurm import outside_step_note
+    from mirrorkit.cluster.slurm import outside_step_note
 
     assert "srun" in outside_step_note({"SLURM_JOB_ID": "5", "SLURM_NTASKS": "4"})
     assert outside_step_note({"SLURM_JOB_ID": "5", "SLURM_STEP_ID": "0"}) is None
@@ -342,7 +342,7 @@ def gpu_share(here: Step, env: Mapping[str, str], visible: int) -> range:
 
     Example:
     ```python
-    from mirrorkit.slurm import Step, gpu_share
+    from mirrorkit.cluster.slurm import Step, gpu_share
 
     here = Step(("a", "b"), (4, 4), 1, 2, 29470)  # local task 2 of 4 on node b
     assert gpu_share(here, {}, 8) == range(4, 6)

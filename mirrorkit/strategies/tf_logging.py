@@ -20,7 +20,7 @@ from __future__ import annotations
 import logging
 import sys
 
-from mirrorkit import chief
+from mirrorkit.cluster import chief
 
 _checked = False
 

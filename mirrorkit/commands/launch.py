@@ -18,11 +18,12 @@ import tempfile
 import time
 from collections.abc import Mapping
 
-from mirrorkit.faults import preempted, progress, restart
+from mirrorkit.cluster import tf_config
+from mirrorkit.faults import preemption_relay, restart, resume_point
 from mirrorkit.faults.restart import ENV as RESTART_ENV
-from mirrorkit.launcher import cluster_spec, hosts, local_job, processes
-from mirrorkit.watchdog import ENV as HANG_ENV
-from mirrorkit.watchdog import EXIT_STATUS as WATCHDOG_EXIT
+from mirrorkit.faults.step_timeout import ENV as HANG_ENV
+from mirrorkit.faults.step_timeout import EXIT_STATUS as WATCHDOG_EXIT
+from mirrorkit.launcher import hosts, local_job, processes
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -145,7 +146,7 @@ def layout(args: argparse.Namespace, env: dict[str, str] | None = None) -> hosts
             f"--port {args.port} is for multi-host jobs (--hosts, or Slurm); workers on one "
             "host take free loopback ports, so it is not used"
         )
-    addresses = cluster_spec.local_addresses(args.num_workers)
+    addresses = tf_config.local_addresses(args.num_workers)
     return hosts.Layout(tuple(addresses), 0, args.num_workers, False)
 
 
@@ -185,7 +186,7 @@ def _forward_sigterm() -> None:
     """SIGTERM to the launcher goes to every worker, which gets `SIGTERM_GRACE_S` to end.
 
     A worker with `mk.PreemptionCheckpoint` saves at the next step boundary common to
-    all workers and exits with `preempted.EXIT_STATUS`; a worker still running after
+    all workers and exits with `preemption_relay.EXIT_STATUS`; a worker still running after
     the grace period (or at a second SIGTERM) is stopped with the rest.
     """
 
@@ -193,7 +194,7 @@ def _forward_sigterm() -> None:
         if signal.getitimer(signal.ITIMER_REAL)[0]:  # a second SIGTERM: stop now
             raise _Terminated
         _sigterm_received.append(time.monotonic())
-        workers = preempted.local_workers(os.getpid(), RESTART_ENV)
+        workers = preemption_relay.local_workers(os.getpid(), RESTART_ENV)
         local_job.say(
             f"SIGTERM: sent to {len(workers)} worker(s); waiting up to {SIGTERM_GRACE_S} s for "
             "them to end (mk.PreemptionCheckpoint saves at the next common step boundary)"
@@ -314,7 +315,7 @@ def run(args: argparse.Namespace) -> int:
             wording=local_job.FLAGS,
             env=lambda i: {
                 RESTART_ENV: str(attempt),
-                progress.ENV: progress_file,
+                resume_point.ENV: progress_file,
                 **(hang(i) if hang else {}),
             },
         )
@@ -326,8 +327,8 @@ def run(args: argparse.Namespace) -> int:
         try:
             run_once(attempt)
         except processes.WorkerError as err:
-            if err.exit_code == preempted.EXIT_STATUS:
-                raise preempted.Preempted(job.first_rank + err.worker) from None
+            if err.exit_code == preemption_relay.EXIT_STATUS:
+                raise preemption_relay.Preempted(job.first_rank + err.worker) from None
             raise
 
     _forward_sigterm()
@@ -345,9 +346,9 @@ def run(args: argparse.Namespace) -> int:
                     else restart.ONE_HOST
                 ),
             )
-    except preempted.Preempted as err:
+    except preemption_relay.Preempted as err:
         local_job.say(str(err))
-        return preempted.EXIT_STATUS
+        return preemption_relay.EXIT_STATUS
     except processes.WorkerError as err:
         worker = job.first_rank + err.worker
         local_job.say(

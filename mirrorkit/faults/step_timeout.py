@@ -49,7 +49,7 @@ class Watchdog:
 
     Example:
     ```python
-    from mirrorkit.watchdog import Watchdog
+    from mirrorkit.faults.step_timeout import Watchdog
 
     dog = Watchdog(300, "worker 0")
     dog.start()

@@ -1,6 +1,6 @@
 """The launcher's side of a preemption: the exit status, the workers to signal, the error.
 
-Kept apart from `mirrorkit.faults.preemption` (the Keras callback) so that
+Kept apart from `mirrorkit.faults.preemption_checkpoint` (the Keras callback) so that
 `mirrorkit launch` needs neither Keras nor TensorFlow in its own process.
 """
 

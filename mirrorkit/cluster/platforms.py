@@ -1,7 +1,7 @@
 """What the managed platforms' own variables say about a job, beside TF_CONFIG.
 
 Kubeflow's TFJob, Vertex AI and SageMaker each start the workers and describe
-the cluster in a TF_CONFIG, which `mirrorkit.cluster` reads (the one reader).
+the cluster in a TF_CONFIG, which `mirrorkit.cluster.cluster_info` reads (the one reader).
 This module reads what they write besides it, where that changes what a user
 should hear:
 
@@ -24,7 +24,7 @@ import json
 import os
 from collections.abc import Mapping
 
-from mirrorkit import chief
+from mirrorkit.cluster import chief
 
 #: The estimator argument that makes SageMaker write a TF_CONFIG for all-reduce training.
 SAGEMAKER_SWITCH = 'distribution={"multi_worker_mirrored_strategy": {"enabled": True}}'

@@ -22,7 +22,7 @@ def tf_config(addresses: Sequence[str], index: int) -> str:
     ```python
     import json
 
-    from mirrorkit.launcher.cluster_spec import tf_config
+    from mirrorkit.cluster.tf_config import tf_config
 
     config = json.loads(tf_config(["127.0.0.1:2222", "127.0.0.1:2223"], 1))
     assert config["task"] == {"type": "worker", "index": 1}

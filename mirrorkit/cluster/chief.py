@@ -12,7 +12,7 @@ import sys
 import warnings
 from typing import Any
 
-from mirrorkit import cluster
+from mirrorkit.cluster import cluster_info
 
 _said: set[str] = set()
 
@@ -21,7 +21,7 @@ def is_chief() -> bool:
     """Returns True in the process that owns side effects of the job.
 
     The chief is the task of type ``chief`` in ``TF_CONFIG``, else worker 0;
-    under a Slurm step it is rank 0 (node 0's first task; `mirrorkit.slurm`
+    under a Slurm step it is rank 0 (node 0's first task; `mirrorkit.cluster.slurm`
     numbers the tasks by node, then ``SLURM_LOCALID``); in a single process it
     is that process. The answer comes from the environment alone, so it is
     cheap and never initialises TensorFlow.
@@ -37,7 +37,7 @@ def is_chief() -> bool:
         model.save("model.keras")
     ```
     """
-    return cluster.from_environment().is_chief
+    return cluster_info.from_environment().is_chief
 
 
 def print(*args: Any, **kwargs: Any) -> None:  # noqa: A001 - mirrors builtins.print

@@ -1,7 +1,7 @@
 """The workers of a strategy: which one this is, how many, and a collective to share figures.
 
 `position` is what every caller asks ("how many workers does this strategy
-span, and which am I?"); it reads the rank `mirrorkit.cluster` computes, the
+span, and which am I?"); it reads the rank `mirrorkit.cluster.cluster_info` computes, the
 way TensorFlow numbers its tasks (``chief`` first).
 """
 
@@ -13,7 +13,7 @@ from collections.abc import Sequence
 import numpy as np
 import tensorflow as tf
 
-from mirrorkit import cluster
+from mirrorkit.cluster import cluster_info
 
 
 def is_multi_worker(strategy: object) -> bool:
@@ -21,7 +21,7 @@ def is_multi_worker(strategy: object) -> bool:
     return isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy)
 
 
-def position(strategy: tf.distribute.Strategy) -> cluster.ClusterInfo:
+def position(strategy: tf.distribute.Strategy) -> cluster_info.ClusterInfo:
     """Where this process sits among the workers `strategy` spans.
 
     For a multi-worker strategy, the cluster and task of its own cluster
@@ -33,7 +33,7 @@ def position(strategy: tf.distribute.Strategy) -> cluster.ClusterInfo:
         strategy: a `tf.distribute.Strategy`.
 
     Returns:
-        A `mirrorkit.cluster.ClusterInfo`; its ``worker_index`` is the rank.
+        A `mirrorkit.cluster.cluster_info.ClusterInfo`; its ``worker_index`` is the rank.
 
     Example:
     ```python
@@ -48,10 +48,12 @@ def position(strategy: tf.distribute.Strategy) -> cluster.ClusterInfo:
         resolver = strategy.cluster_resolver
         spec = resolver.cluster_spec().as_dict()
         if spec:
-            source = cluster.from_environment().source
-            return cluster.from_cluster_spec(spec, resolver.task_type, resolver.task_id, source)
-        return cluster.ALONE
-    here = cluster.from_environment()
+            source = cluster_info.from_environment().source
+            return cluster_info.from_cluster_spec(
+                spec, resolver.task_type, resolver.task_id, source
+            )
+        return cluster_info.ALONE
+    here = cluster_info.from_environment()
     return dataclasses.replace(
         here,
         num_workers=1,

@@ -6,7 +6,8 @@ import os
 import platform
 from typing import Any
 
-from mirrorkit import cluster, tables, versions
+from mirrorkit import tables, versions
+from mirrorkit.cluster import cluster_info
 
 
 def collect() -> dict[str, Any]:
@@ -33,7 +34,7 @@ def collect() -> dict[str, Any]:
     import tensorflow as tf
 
     import mirrorkit
-    from mirrorkit import topology
+    from mirrorkit.strategies import topology
 
     facts: dict[str, Any] = {
         "versions": {
@@ -51,7 +52,7 @@ def collect() -> dict[str, Any]:
         ],
     }
     try:
-        info = cluster.from_environment()
+        info = cluster_info.from_environment()
         facts["cluster"] = {
             "source": info.source,
             "num_workers": info.num_workers,

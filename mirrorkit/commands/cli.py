@@ -11,7 +11,7 @@ from collections.abc import Sequence
 
 
 def _info(args: argparse.Namespace) -> int:
-    from mirrorkit import info
+    from mirrorkit.commands import info
 
     facts = info.collect()
     print(json.dumps(facts, indent=2) if args.json else info.format_text(facts))
@@ -33,43 +33,41 @@ def build_parser() -> argparse.ArgumentParser:
     )
     info.add_argument("--json", action="store_true", help="print JSON instead of text")
     info.set_defaults(run=_info)
-    from mirrorkit.launcher import script
+    from mirrorkit.commands import demo, launch, plan
 
-    launch = sub.add_parser(
+    launch_parser = sub.add_parser(
         "launch", help="run a training script as N local workers (TF_CONFIG on loopback)"
     )
-    script.add_arguments(launch)
-    launch.set_defaults(run=script.run)
-    bench = sub.add_parser(
+    launch.add_arguments(launch_parser)
+    launch_parser.set_defaults(run=launch.run)
+    bench_parser = sub.add_parser(
         "bench", help="throughput, scaling efficiency and all-reduce bandwidth on this machine"
     )
-    bench.set_defaults(run=_bench)
-    _add_bench_arguments(bench)
-    from mirrorkit.demo import command as demo_command
-
-    demo = sub.add_parser(
+    bench_parser.set_defaults(run=_bench)
+    _add_bench_arguments(bench_parser)
+    demo_parser = sub.add_parser(
         "demo", help="train an image classifier data-parallel on bundled real data (no network)"
     )
-    demo_command.add_arguments(demo)
-    demo.set_defaults(run=demo_command.run)
-    from mirrorkit.scale import plan_command
-
-    plan = sub.add_parser("plan", help="memory per replica of a bundled model; the largest batch")
-    plan_command.add_arguments(plan)
-    plan.set_defaults(run=plan_command.run)
+    demo.add_arguments(demo_parser)
+    demo_parser.set_defaults(run=demo.run)
+    plan_parser = sub.add_parser(
+        "plan", help="memory per replica of a bundled model; the largest batch"
+    )
+    plan.add_arguments(plan_parser)
+    plan_parser.set_defaults(run=plan.run)
     return parser
 
 
 def _add_bench_arguments(parser: argparse.ArgumentParser) -> None:
-    from mirrorkit.bench import command
+    from mirrorkit.commands import bench
 
-    command.add_arguments(parser)
+    bench.add_arguments(parser)
 
 
 def _bench(args: argparse.Namespace) -> int:
-    from mirrorkit.bench import command
+    from mirrorkit.commands import bench
 
-    return command.run(args)
+    return bench.run(args)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -29,6 +29,18 @@ def pytest_configure(config):
     tf.config.list_logical_devices()  # fixes them: later requests take a subset or fail
 
 
+#: Markers by cost (pyproject.toml lists them); each implies ``slow``, the umbrella that
+#: ``-m "not slow"`` leaves out while you work.
+COSTLY = ("multiprocess", "upstream", "gpu")
+
+
+@pytest.hookimpl(tryfirst=True)  # before pytest's own hook deselects by -m
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if any(item.get_closest_marker(name) for name in COSTLY):
+            item.add_marker(pytest.mark.slow)
+
+
 class _Fresh:
     """Runs a function in new Python processes and returns their results."""
 

@@ -90,6 +90,7 @@ def test_one_all_reduce_per_optimizer_step(monkeypatch, accumulate, expected):
     assert int(counter.numpy()) == expected
 
 
+@pytest.mark.upstream
 def test_keras_alone_fails_under_two_replicas():
     """The upstream failure the repair exists for; if this stops failing, drop the repair."""
     strategy = mk.strategy(cpu_replicas=2)  # applies the repairs; then take them away

@@ -111,6 +111,7 @@ def _first_batch_smaller_than_replicas():
     )
 
 
+@pytest.mark.upstream
 def test_first_batch_smaller_than_replica_count_fails_upstream(without_repairs):
     model = mk.build(_model, mk.strategy(cpu_replicas=2))
     compat.disable()
@@ -138,6 +139,7 @@ def _strings():
     return tf.data.Dataset.from_tensor_slices((words, np.ones((16, 1), "float32"))).batch(8)
 
 
+@pytest.mark.upstream
 def test_string_inputs_fail_upstream(without_repairs):
     model = mk.build(lambda: _string_model(["cat", "dog", "eel"]), mk.strategy(cpu_replicas=2))
     compat.disable()
@@ -174,6 +176,7 @@ def _custom_loop(model, strategy):
     return model.optimizer.iterations.numpy()
 
 
+@pytest.mark.upstream
 def test_custom_loop_with_adam_fails_upstream():
     strategy = mk.strategy(cpu_replicas=2)
     with strategy.scope():
@@ -214,6 +217,7 @@ def _assert_same_training(a, b, atol=1e-5):
         np.testing.assert_allclose(history_a[key], history_b[key], atol=atol)
 
 
+@pytest.mark.upstream
 def test_steps_per_execution_fails_upstream(without_repairs):
     strategy = mk.strategy(cpu_replicas=2)
     compat.disable()
@@ -227,6 +231,7 @@ def test_steps_per_execution_on_two_replicas_equals_one_device(one_device_refere
     _assert_same_training(_train(mk.strategy(cpu_replicas=2), steps_per_execution=3), reference)
 
 
+@pytest.mark.upstream
 def test_jit_compile_fails_upstream(without_repairs):
     strategy = mk.strategy(cpu_replicas=2)
     compat.disable()
@@ -247,6 +252,7 @@ def mixed_float16():
     keras.mixed_precision.set_global_policy("float32")
 
 
+@pytest.mark.upstream
 def test_mixed_precision_with_jit_fails_upstream(without_repairs, mixed_float16):
     strategy = mk.strategy(cpu_replicas=2)
     compat.disable()

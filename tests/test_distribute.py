@@ -375,6 +375,7 @@ def test_class_weight_map_missing_is_named(monkeypatch):
         )
 
 
+@pytest.mark.upstream
 def test_class_weight_without_the_repair_is_keras_attribute_error():
     import keras
 

@@ -155,7 +155,7 @@ def _progress_lines(out, worker):
     return re.findall(r"Epoch \d+/\d+|\d+/\d+\S* .*?/step", text.replace("\r", "\n"))
 
 
-@pytest.mark.slow
+@pytest.mark.multiprocess
 def test_keras_callbacks_act_once_and_stop_together_on_two_workers(tmp_path):
     done, out, results = _launch(tmp_path, "repaired")
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
@@ -191,7 +191,8 @@ def test_keras_callbacks_act_once_and_stop_together_on_two_workers(tmp_path):
     assert "set model.stop_training" in done.stdout + done.stderr
 
 
-@pytest.mark.slow
+@pytest.mark.upstream
+@pytest.mark.multiprocess
 def test_plain_keras_callbacks_write_twice_and_hang_on_two_workers(tmp_path):
     # When this starts failing, Keras made its callbacks chief-aware (docs/compat.md).
     done, out, results = _launch(tmp_path, "upstream")

@@ -167,6 +167,7 @@ def _raw_keras_fit(repairs):
     return model.fit(data, epochs=1, verbose=0).history["loss"]
 
 
+@pytest.mark.upstream
 def test_plain_keras_multi_worker_fit_fails_upstream():
     # When this starts passing, Keras fixed keras#20585 item 1 and the repair can retire.
     with pytest.raises(WorkerError, match=r"Attempt to convert a value \(PerReplica"):
@@ -180,6 +181,7 @@ def _raw_keras_fit_build_repaired_only():
     return _raw_keras_fit(False)
 
 
+@pytest.mark.upstream
 def test_multi_worker_scalar_reduce_fails_upstream():
     # docs/compat.md, "Multi-worker log reduction": with only the build repaired, it fails.
     with pytest.raises(WorkerError, match="Invalid reduction dimension 0"):
@@ -230,6 +232,7 @@ def _fit_with_backup_and_checkpoints(directory, epochs, repairs=True, steps_per_
     return model.get_weights(), history.history, len(saves)
 
 
+@pytest.mark.upstream
 def test_backup_and_checkpoint_fail_upstream(tmp_path):
     # docs/compat.md, "Callbacks that write from every worker": the job dies on the race.
     failures = 0

@@ -1,0 +1,77 @@
+"""mkdocs hooks: the repository files outside docs/ that the site shows or links.
+
+Pages link a repository file with the relative path that also works on GitHub
+(``../examples/quickstart.py`` from ``docs/scenarios.md``). mkdocs resolves a
+link against the files it knows by the link's path, so each such file is added
+under that path (``../examples/quickstart.py``) and copied into the site under
+``source/`` (``source/examples/quickstart.py``). A link to a file that does not
+exist stays unresolved, and ``mkdocs build --strict`` fails on it.
+
+The notebooks are added twice: as pages (``notebooks/01_quickstart.ipynb``,
+which mkdocs-jupyter renders with their stored outputs) and as files under
+``../notebooks/`` for links.
+"""
+
+from __future__ import annotations
+
+import pathlib
+
+from mkdocs.plugins import CombinedEvent, event_priority
+from mkdocs.structure.files import File, Files, InclusionLevel
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+
+#: Repository files pages may link, as globs relative to the repository root.
+LINKED = (
+    "examples/**/*",
+    "tests/*.py",
+    "tests/keras_io/*.py",
+    "benchmarks/*",
+    "notebooks/*",
+    "ci/*",
+    ".ci/run",
+    "mirrorkit/demo/data/README.md",
+    "pyproject.toml",
+    "CHANGELOG.md",
+    "LICENSE",
+)
+
+
+def _repository_files() -> list[str]:
+    found = set()
+    for pattern in LINKED:
+        for path in ROOT.glob(pattern):
+            if path.is_file() and "__pycache__" not in path.parts:
+                found.add(path.relative_to(ROOT).as_posix())
+    return sorted(found)
+
+
+@event_priority(100)  # before mkdocs-jupyter's on_files, which turns notebooks into pages
+def _add_notebook_pages(files: Files, config) -> Files:
+    """Add the notebooks as pages (rendered by mkdocs-jupyter)."""
+    for path in sorted(ROOT.glob("notebooks/*.ipynb")):
+        rel = path.relative_to(ROOT).as_posix()
+        files.append(File(rel, str(ROOT), config["site_dir"], config["use_directory_urls"]))
+    return files
+
+
+@event_priority(-100)  # after mkdocs-jupyter: these stay plain files, never pages
+def _add_linked_files(files: Files, config) -> Files:
+    """Add the repository files pages link, under their ``../`` path."""
+    docs = config["docs_dir"]
+    for rel in _repository_files():
+        files.append(
+            File(
+                f"../{rel}",
+                docs,
+                config["site_dir"],
+                config["use_directory_urls"],
+                dest_uri=f"source/{rel}",
+                # Set here: mkdocs would exclude them by their "../" (its default excludes ".*").
+                inclusion=InclusionLevel.NOT_IN_NAV,
+            )
+        )
+    return files
+
+
+on_files = CombinedEvent(_add_notebook_pages, _add_linked_files)

@@ -122,7 +122,7 @@ FIT_SCRIPT = textwrap.dedent(
     import numpy as np
     import keras
     import mirrorkit as mk
-    from mirrorkit import tf_logging
+    from mirrorkit.strategies import tf_logging
 
     if sys.argv[1] == "control":
         tf_logging._checked = True  # as if mirrorkit did not touch TensorFlow's logger

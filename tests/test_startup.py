@@ -134,7 +134,8 @@ def test_watcher_ends_the_wait_on_a_signal_to_the_group(sig):
 
 _WATCHED_SLEEP = """
     import json, sys, time
-    from mirrorkit import cluster, startup
+    from mirrorkit.cluster import cluster_info
+    from mirrorkit.faults import peer_wait
     info = cluster_info.from_cluster_spec({{"worker": {addresses}}}, "worker", 0)
     with peer_wait.watch({timeout}, info, every_s=0.5):
         time.sleep({sleep})

@@ -193,9 +193,9 @@ def test_c_backstop_fires_when_python_cannot_run():
     code = textwrap.dedent(
         """
         import signal, time
-        from mirrorkit import watchdog
-        watchdog.BACKSTOP_S = 1.0
-        dog = watchdog.Watchdog(1.0, "worker 0", poll_s=3600)   # the Python thread never looks
+        from mirrorkit.faults import step_timeout
+        step_timeout.BACKSTOP_S = 1.0
+        dog = step_timeout.Watchdog(1.0, "worker 0", poll_s=3600)   # the Python thread never looks
         dog.start()
         time.sleep(60)
         """

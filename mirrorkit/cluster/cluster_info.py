@@ -77,10 +77,10 @@ def from_cluster_spec(
 
     Example:
     ```python
-    from mirrorkit import cluster
+    from mirrorkit.cluster import cluster_info
 
     spec = {"chief": ["127.0.0.1:2222"], "worker": ["127.0.0.1:2223"]}
-    assert cluster.from_cluster_spec(spec, "worker", 0).worker_index == 1
+    assert cluster_info.from_cluster_spec(spec, "worker", 0).worker_index == 1
     ```
     """
     training = [(job, i) for job in TRAINING_JOBS for i in range(len(spec.get(job, [])))]

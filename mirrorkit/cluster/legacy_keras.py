@@ -42,7 +42,7 @@ def requested(env: Mapping[str, str] | None = None) -> bool:
 
     Example:
     ```python
-    from mirrorkit import legacy_keras
+    from mirrorkit.cluster import legacy_keras
 
     assert legacy_keras.requested({"TF_USE_LEGACY_KERAS": "1"})
     assert not legacy_keras.requested({})
@@ -65,7 +65,7 @@ def notice(keras_version: str, env: Mapping[str, str] | None = None) -> str | No
 
     Example:
     ```python
-    from mirrorkit import legacy_keras
+    from mirrorkit.cluster import legacy_keras
 
     line = legacy_keras.notice("3.15.1", {"TF_USE_LEGACY_KERAS": "1"})
     assert line.startswith("TF_USE_LEGACY_KERAS=1 is set (Ray Train sets it)")
@@ -90,7 +90,7 @@ def say_keras_3() -> None:
 
     Example:
     ```python
-    from mirrorkit import legacy_keras
+    from mirrorkit.cluster import legacy_keras
 
     legacy_keras.say_keras_3()  # mk.strategy() calls it
     ```

@@ -41,7 +41,7 @@ def sagemaker_hosts(env: Mapping[str, str] | None = None) -> list[str]:
 
     Example:
     ```python
-    from mirrorkit import platforms
+    from mirrorkit.cluster import platforms
 
     assert platforms.sagemaker_hosts({"SM_HOSTS": '["algo-1", "algo-2"]'}) == ["algo-1", "algo-2"]
     assert platforms.sagemaker_hosts({}) == []
@@ -69,7 +69,7 @@ def sagemaker_notice(env: Mapping[str, str] | None = None) -> str | None:
 
     Example:
     ```python
-    from mirrorkit import platforms
+    from mirrorkit.cluster import platforms
 
     env = {"SM_HOSTS": '["algo-1", "algo-2"]', "SM_CURRENT_HOST": "algo-1"}
     assert "multi_worker_mirrored_strategy" in platforms.sagemaker_notice(env)
@@ -94,7 +94,7 @@ def say_notices() -> None:
 
     Example:
     ```python
-    from mirrorkit import platforms
+    from mirrorkit.cluster import platforms
 
     platforms.say_notices()  # mk.strategy() calls it
     ```

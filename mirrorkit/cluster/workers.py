@@ -38,7 +38,7 @@ def position(strategy: tf.distribute.Strategy) -> cluster_info.ClusterInfo:
     Example:
     ```python
     import mirrorkit as mk
-    from mirrorkit import workers
+    from mirrorkit.cluster import workers
 
     here = workers.position(mk.strategy())
     print(here.worker_index, "of", here.num_workers)
@@ -84,7 +84,7 @@ def gather(strategy: tf.distribute.Strategy, values: Sequence[float]) -> np.ndar
     Example:
     ```python
     import mirrorkit as mk
-    from mirrorkit import workers
+    from mirrorkit.cluster import workers
 
     strategy = mk.strategy()
     table = workers.gather(strategy, [0.1])  # one row per worker

@@ -24,7 +24,7 @@ def collect() -> dict[str, Any]:
 
     Example:
     ```python
-    from mirrorkit import info
+    from mirrorkit.commands import info
 
     facts = info.collect()
     print(facts["tested_range"]["inside"], facts["auto"]["kind"])

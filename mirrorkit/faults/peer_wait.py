@@ -75,9 +75,9 @@ def check_timeout(startup_timeout_s: object) -> float | None:
 
     Example:
     ```python
-    from mirrorkit import startup
+    from mirrorkit.faults import peer_wait
 
-    startup.check_timeout(60)  # 60.0
+    peer_wait.check_timeout(60)  # 60.0
     ```
     """
     if startup_timeout_s is None:
@@ -118,9 +118,9 @@ def watch(
     Example:
     ```python
     import tensorflow as tf
-    from mirrorkit import startup
+    from mirrorkit.faults import peer_wait
 
-    with startup.watch(600):
+    with peer_wait.watch(600):
         strategy = tf.distribute.MultiWorkerMirroredStrategy()
     ```
     """

@@ -69,11 +69,11 @@ class Recorder:
 
     Example:
     ```python
-    from mirrorkit.faults import progress
+    from mirrorkit.faults import resume_point
 
-    recorder = progress.Recorder("/tmp/p.json", "/tmp/backup", 4)
+    recorder = resume_point.Recorder("/tmp/p.json", "/tmp/backup", 4)
     recorder.at(1, 2)
-    assert progress.read("/tmp/p.json").at == progress.Position(1, 2)
+    assert resume_point.read("/tmp/p.json").at == resume_point.Position(1, 2)
     ```
     """
 

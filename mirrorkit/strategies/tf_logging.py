@@ -33,7 +33,7 @@ def quiet_interactive_info() -> bool:
 
     Example:
     ```python
-    from mirrorkit import tf_logging
+    from mirrorkit.strategies import tf_logging
 
     tf_logging.quiet_interactive_info()  # called by mk.strategy(); a no-op in scripts
     ```

@@ -328,20 +328,6 @@ def test_resumable_is_keras_own_backup_set_up_for_restarts(tmp_path):
         mk.resumable("")
 
 
-def test_launch_refuses_negative_max_restarts(tmp_path):
-    script = tmp_path / "never_run.py"
-    script.write_text("raise SystemExit('a worker started')\n")
-    done = subprocess.run(
-        [sys.executable, "-m", "mirrorkit", "launch", "-n", "2", "--max-restarts", "-1"]
-        + [str(script)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert done.returncode == 2
-    assert "--max-restarts -1 must be >= 0" in done.stderr
-
-
 def test_backup_pair_without_a_keras_backup_internal_is_named(tmp_path):
     import keras
 

@@ -20,6 +20,7 @@ from typing import Any
 
 __version__ = "0.1.0"
 
+# mirrorkit/__init__.pyi imports the same names, for type checkers and the API reference.
 _PUBLIC = {
     "strategy": "mirrorkit.strategies.factory",
     "build": "mirrorkit.training.building",

@@ -5,10 +5,13 @@ from __future__ import annotations
 import dataclasses
 import html
 import json
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from mirrorkit import tables
 from mirrorkit.throughput.stragglers import straggler_text
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 #: Columns of the text and HTML tables: (key, heading, format).
 #: Verdicts that name a fix; every other epoch is summed up in one line.
@@ -221,7 +224,7 @@ class ThroughputReport:
         verdicts = "".join(f"<div>{html.escape(line)}</div>" for line in self._verdict_lines())
         return table + verdicts
 
-    def plot(self, path: str | None = None):
+    def plot(self, path: str | None = None) -> Figure:
         """Plots examples/s and step times per epoch with matplotlib.
 
         Args:

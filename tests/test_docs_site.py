@@ -1,0 +1,203 @@
+"""The documentation site (mkdocs.yml, docs/) builds in strict mode and stays true.
+
+- The site builds with `mkdocs build --strict` (a broken link or anchor, a page left out of
+  the navigation, a missing API reference or a docstring that does not render fails it).
+  Without the `docs` extra the test fails, saying how to install it: CI's newest leg installs
+  it (`.ci/run`), so the build is never skipped in silence.
+- The API reference names every public name, and `mirrorkit/__init__.pyi` (the stub
+  mkdocstrings follows to find the lazily loaded names) imports exactly the names and modules
+  `_PUBLIC` lists.
+- Every relative link from the README lands on a file that exists, and on a heading of it when
+  the link has an anchor (GitHub's anchors: the README is read there).
+- The numbers the pages take from code are the code's: the tested version range, the legs of
+  the version matrix, the keras.io examples and their changed lines, the notebooks, the absl
+  flags. Every example CI runs is linked from a page.
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib.util
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from mirrorkit import versions
+
+ROOT = Path(__file__).resolve().parent.parent
+DOCS = ROOT / "docs"
+README = ROOT / "README.md"
+INIT = ROOT / "mirrorkit" / "__init__.py"
+
+NUMBERS = {2: "two", 3: "three", 4: "four", 5: "five", 6: "six", 7: "seven", 8: "eight"}
+
+
+def _assigned(path: Path, name: str):
+    """The literal value assigned to `name` at the top level of a Python file."""
+    for node in ast.parse(path.read_text()).body:
+        if isinstance(node, ast.Assign) and getattr(node.targets[0], "id", None) == name:
+            return ast.literal_eval(node.value)
+    raise AssertionError(f"{path} assigns no {name}")
+
+
+def _words(text: str) -> str:
+    """Text with its line breaks and runs of spaces made single spaces."""
+    return " ".join(text.split())
+
+
+def _pages() -> dict[str, str]:
+    return {p.relative_to(DOCS).as_posix(): p.read_text() for p in DOCS.rglob("*.md")}
+
+
+@pytest.mark.slow
+def test_the_site_builds_in_strict_mode(tmp_path):
+    if importlib.util.find_spec("mkdocs") is None:
+        pytest.fail('mkdocs is not installed: pip install -e ".[docs]" (CI\'s newest leg does)')
+    start = time.monotonic()
+    done = subprocess.run(
+        [sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(tmp_path / "site")],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "NO_MKDOCS_2_WARNING": "1"},
+    )
+    took = time.monotonic() - start
+    assert done.returncode == 0, f"mkdocs build --strict failed after {took:.0f} s:\n{done.stderr}"
+    site = tmp_path / "site"
+    api = (site / "api" / "mirrorkit" / "index.html").read_text()
+    for name in _public_names():
+        assert f'id="mirrorkit.{name}"' in api, f"the API reference does not render mk.{name}"
+    for notebook in sorted((ROOT / "notebooks").glob("*.ipynb")):
+        page = site / "notebooks" / notebook.stem / "index.html"
+        assert page.is_file(), f"{notebook.name} is not a page of the site"
+    assert "Unreleased" in (site / "changelog" / "index.html").read_text()
+
+
+def _public() -> dict[str, str]:
+    return _assigned(INIT, "_PUBLIC")
+
+
+def _public_names() -> list[str]:
+    modules = _assigned(INIT, "_MODULES")
+    return [name for name in _public() if name not in modules]
+
+
+def test_the_stub_imports_what_public_names():
+    stub = ast.parse((ROOT / "mirrorkit" / "__init__.pyi").read_text())
+    modules = _assigned(INIT, "_MODULES")
+    imported = {}
+    for node in stub.body:
+        if isinstance(node, ast.ImportFrom):
+            for alias in node.names:
+                assert alias.asname == alias.name, f"re-export {alias.name} as {alias.name}"
+                submodule = f"{node.module}.{alias.name}"
+                imported[alias.name] = submodule if alias.name in modules else node.module
+    assert imported == _public(), "mirrorkit/__init__.pyi and _PUBLIC must name the same things"
+
+
+def test_the_api_reference_names_every_public_name():
+    reference = (DOCS / "api" / "mirrorkit.md").read_text()
+    documented = re.findall(r"^::: mirrorkit\.(\w+)$", reference, re.M)
+    assert sorted(documented) == sorted(_public_names())
+    for module in _assigned(INIT, "_MODULES"):
+        page = (DOCS / "api" / f"{module}.md").read_text()
+        assert f"::: mirrorkit.{module}\n" in page, module
+    callbacks = (DOCS / "api" / "callbacks.md").read_text()
+    listed = re.findall(r"^        - (\w+)$", callbacks, re.M)
+    assert sorted(listed) == sorted(_assigned(ROOT / "mirrorkit/callbacks/__init__.py", "__all__"))
+
+
+def _github_anchor(heading: str) -> str:
+    text = re.sub(r"[^\w\- ]", "", heading.strip().lower())
+    return text.replace(" ", "-")
+
+
+def _anchors(markdown: str) -> set[str]:
+    anchors, fence = set(), False
+    for line in markdown.splitlines():
+        if line.startswith("```"):
+            fence = not fence
+        elif not fence and re.match(r"#{1,6} ", line):
+            anchors.add(_github_anchor(line.lstrip("#")))
+    return anchors
+
+
+def test_every_link_from_the_readme_lands_on_a_page_that_exists():
+    text = README.read_text()
+    links = re.findall(r"\]\(([^)\s]+)\)", text)
+    local = [link for link in links if not re.match(r"[a-z]+:", link)]
+    assert local, "the README links the site's pages"
+    for link in local:
+        path, _, anchor = link.partition("#")
+        target = (README.parent / path).resolve() if path else README
+        assert target.exists(), f"README links {link}, which does not exist"
+        if anchor:
+            assert anchor in _anchors(target.read_text()), f"README links {link}: no such heading"
+
+
+def test_the_readme_is_a_short_first_page():
+    text = README.read_text()
+    assert len(text.splitlines()) <= 200, "the README is the first page: move details to docs/"
+    for command in (
+        'pip install -e ".[dev]" && mirrorkit demo',
+        "python -m pytest -q",
+        'pip install -e ".[docs]" && mkdocs build --strict',
+    ):
+        assert command in text, command
+
+
+def test_the_tested_range_in_the_docs_is_the_code_s():
+    pattern = r"TensorFlow \d+\.\d+-\d+\.\d+ with Keras \d+\.\d+-\d+\.\d+"
+    found = 0
+    for path in [README, *DOCS.rglob("*.md")]:
+        for said in re.findall(pattern, path.read_text()):
+            assert said == versions.tested_range(), f"{path.name} says {said}"
+            found += 1
+    assert found
+    page = (DOCS / "versions.md").read_text()
+    for leg, (tf, keras) in versions.MATRIX.items():
+        assert f"| {leg} | {tf} | {keras} |" in page, leg
+
+
+def test_the_keras_io_counts_are_the_ports():
+    counts = []
+    for path in sorted((ROOT / "tests" / "keras_io").glob("*.py")):
+        if path.name != "__init__.py":
+            lines = _assigned(path, "LINES_CHANGED")
+            counts.append((lines["added"] - lines["reindented"], lines["reindented"]))
+    new, indented = [c[0] for c in counts], [c[1] for c in counts]
+    page = _words((DOCS / "index.md").read_text())
+    assert f"{NUMBERS[len(counts)].capitalize()} keras.io examples" in page
+    said = f"{min(new)} to {max(new)} new lines, plus {min(indented)} to {max(indented)} only"
+    assert said in page
+
+
+def test_the_notebooks_page_names_every_notebook():
+    notebooks = sorted(p.name for p in (ROOT / "notebooks").glob("*.ipynb"))
+    page = (DOCS / "notebook.md").read_text()
+    assert f"holds {NUMBERS[len(notebooks)]} short notebooks" in _words(page)
+    nav = (ROOT / "mkdocs.yml").read_text()
+    for name in notebooks:
+        assert f"(notebooks/{name})" in page and f"notebooks/{name}" in nav, name
+
+
+def test_the_flags_table_lists_every_flag():
+    from mirrorkit.flags.definitions import FLAG_NAMES
+
+    page = (DOCS / "absl-flags.md").read_text()
+    for name in FLAG_NAMES:
+        assert f"`--{name}`" in page, name
+
+
+def test_every_example_ci_runs_is_linked_from_a_page():
+    linked = "\n".join(_pages().values())
+    for path in sorted((ROOT / "examples").rglob("*")):
+        if path.is_file() and "__pycache__" not in path.parts:
+            rel = path.relative_to(ROOT).as_posix()
+            assert f"../{rel})" in linked or f"../../{rel})" in linked, f"no page links {rel}"

@@ -161,7 +161,7 @@ def test_straggler_is_flagged_only_above_the_factor_as_shown():
 
 
 def test_launch_notices_are_said_once_per_process(monkeypatch, capsys):
-    # Before: printed on every launch (the README says "each said once").
+    # Before: printed on every launch (docs/multi-worker.md says "each said once").
     from mirrorkit.launcher import local_job
 
     monkeypatch.setattr(local_job, "_said", set())

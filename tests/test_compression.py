@@ -6,7 +6,7 @@ from _training import make_model
 
 import mirrorkit as mk
 
-#: Documented tolerance (README): max absolute weight difference after 8 SGD steps.
+#: Documented tolerance (docs/benchmarks.md): max absolute weight difference after 8 SGD steps.
 FP16_TOLERANCE = 2e-3
 
 

@@ -6,7 +6,8 @@ functions that run it start to finish:
 - ``original(workdir)``: the example's own code (stand-in data read from
   ``workdir``, smaller sizes, no plots or downloads), run without mirrorkit;
 - ``ported(workdir, cpu_replicas)``: the same code converted to mirrorkit the
-  way the README shows, on ``mk.strategy(cpu_replicas=cpu_replicas)``.
+  way docs/index.md shows (code that builds its model at module level), on
+  ``mk.strategy(cpu_replicas=cpu_replicas)``.
 
 The two differ only in the lines a user changes to go data-parallel;
 `changed_lines` counts them with difflib and each module states the count in

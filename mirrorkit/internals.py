@@ -2,16 +2,22 @@
 
 mirrorkit reaches into a few private names (Keras's trainer, a strategy's
 communication options, tf.data's dataset classes, ...). Each use goes
-through `require` or `check`, so that a TensorFlow or Keras release that
-renamed or reshaped one gives a clear error or an explicit warning naming the
-internal and the tested versions, never an ``AttributeError`` deep in a
-traceback and never a silent no-op. ``docs/compat.md`` lists every internal.
+through this module: `load_module` and `load` import a private module
+(``keras.src...``, ``tensorflow.python...``; no other module of mirrorkit
+imports one), `require` reads an attribute that must be there, `optional` one
+whose absence turns a feature off with a warning, and `changed` / `warn` say
+that one has changed shape. So a TensorFlow or Keras release that renamed or
+reshaped one gives a clear error or an explicit warning naming the internal
+and the tested versions, never an ``ImportError`` or ``AttributeError`` deep
+in a traceback and never a silent no-op. ``docs/compat.md`` lists every
+internal (``tests/test_architecture.py`` checks both).
 """
 
 from __future__ import annotations
 
 import importlib
 import warnings
+from types import ModuleType
 from typing import Any
 
 from mirrorkit import versions
@@ -79,6 +85,73 @@ def require(owner: Any, attr: str, *, name: str, used_for: str) -> Any:
     if not hasattr(owner, attr):
         raise changed(name, used_for)
     return getattr(owner, attr)
+
+
+def load_module(module: str, *, used_for: str) -> ModuleType:
+    """Imports the private `module`, or raises `InternalChangedError` naming it.
+
+    Args:
+        module: the dotted private module, e.g. ``"keras.src.backend.tensorflow.trainer"``.
+        used_for: what mirrorkit needs it for.
+
+    Returns:
+        The module (imported once; later calls find it in ``sys.modules``).
+
+    Raises:
+        InternalChangedError: the module cannot be imported.
+
+    Example:
+    ```python
+    from mirrorkit import internals
+
+    trainer = internals.load_module(
+        "keras.src.backend.tensorflow.trainer", used_for="the step_function repair"
+    )
+    ```
+    """
+    try:
+        return importlib.import_module(module)
+    except ImportError as error:
+        raise changed(module, used_for, f"the module cannot be imported ({error})") from error
+
+
+def optional(owner: Any, attr: str, *, name: str, used_for: str) -> Any:
+    """Returns ``getattr(owner, attr)``, or None after an `InternalChangedWarning` naming it.
+
+    For an internal whose absence turns a feature off rather than making it
+    wrong: the warning says which feature is off. A missing internal is never
+    read as a silent default.
+
+    Args:
+        owner: the object, class or module that should hold the internal.
+        attr: the attribute's name.
+        name: how the warning names it, e.g. ``"keras Trainer._loss_tracker"``.
+        used_for: what mirrorkit needs it for, and what is off without it, said in
+            the warning.
+
+    Returns:
+        The attribute's value, or None when `owner` has no `attr`.
+
+    Example:
+    ```python
+    import keras
+    from mirrorkit import internals
+
+    model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
+    start = internals.optional(
+        model, "_initial_epoch", name="keras Model._initial_epoch",
+        used_for="the epoch in the restart line (it says epoch 1 without it)",
+    )
+    ```
+    """
+    if hasattr(owner, attr):
+        return getattr(owner, attr)
+    warnings.warn(
+        _message(name, used_for, "it is missing"),
+        InternalChangedWarning,
+        stacklevel=2,
+    )
+    return None
 
 
 def load(module: str, attr: str, *, used_for: str) -> Any:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import importlib
 from collections.abc import Callable
 from typing import Any
 
@@ -43,9 +42,17 @@ class Repair:
         return self.original is not None
 
     def _owner_and_attr(self) -> tuple[Any, str]:
-        owner = importlib.import_module(self.module)
+        """The class or module that holds the target, and the attribute's name.
+
+        Raises:
+            InternalChangedError: the module cannot be imported, or has no class on the path.
+        """
+        used_for = f"the '{self.name}' repair ({self.upstream})"
+        owner = internals.load_module(self.module, used_for=used_for)
         *path, attr = self.target.split(".")
-        for part in path:
+        for part in path:  # the class: the repairs' targets are listed in docs/compat.md
+            if not hasattr(owner, part):
+                raise internals.changed(f"keras {self.module}.{'.'.join(path)}", used_for)
             owner = getattr(owner, part)
         return owner, attr
 
@@ -55,7 +62,7 @@ class Repair:
             return False
         try:
             owner, attr = self._owner_and_attr()
-        except (ImportError, AttributeError):
+        except internals.InternalChangedError:
             owner, attr = None, ""
         if owner is None or not hasattr(owner, attr):
             internals.warn(

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import keras
 import tensorflow as tf
-from keras.src.backend.tensorflow import trainer
 
 from mirrorkit import internals
 from mirrorkit.cluster import workers
@@ -37,12 +36,15 @@ def _local_mean(value, strategy):
     return local[0] if len(local) == 1 else tf.reduce_mean(tf.stack(local), axis=0)
 
 
+#: The Keras module that holds the reduction and Keras's multi-worker test.
+_TRAINER = "keras.src.backend.tensorflow.trainer"
+
+
 def _replacement(original):
     # Keras's own test for the branch that fails, so the repair replaces exactly that branch.
-    multi_worker = internals.require(
-        trainer,
+    multi_worker = internals.load(
+        _TRAINER,
         "_collective_all_reduce_multi_worker",
-        name="keras.src.backend.tensorflow.trainer._collective_all_reduce_multi_worker",
         used_for="the multi_worker_reduce repair (multi-worker losses and metrics)",
     )
 
@@ -60,7 +62,7 @@ def _replacement(original):
 REPAIR = Repair(
     name="multi_worker_reduce",
     upstream="keras-team/keras#20585",
-    module="keras.src.backend.tensorflow.trainer",
+    module=_TRAINER,
     target="reduce_per_replica",
     replacement=_replacement,
     applies_to=workers.is_multi_worker,

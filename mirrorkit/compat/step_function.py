@@ -34,7 +34,6 @@ import contextlib
 from collections.abc import Iterator
 
 import tensorflow as tf
-from keras.src.backend.tensorflow import trainer
 
 from mirrorkit import internals
 from mirrorkit.cluster import chief
@@ -42,6 +41,8 @@ from mirrorkit.compat._repair import Repair, spans_replicas
 
 #: The name of the per-step closure inside Keras's ``_make_function``.
 _STEP_CLOSURE = "one_step_on_data"
+#: The Keras module whose ``_make_function`` compiles the step, and whose ``tf`` it uses.
+_TRAINER = "keras.src.backend.tensorflow.trainer"
 
 
 class _InlineStepTF:
@@ -69,9 +70,8 @@ _USED_FOR = "the step_function repair (steps_per_execution > 1, jit_compile; sev
 
 @contextlib.contextmanager
 def _step_compiled_as(inline: bool) -> Iterator[_InlineStepTF]:
-    keras_tf = internals.require(
-        trainer, "tf", name="keras.src.backend.tensorflow.trainer.tf", used_for=_USED_FOR
-    )
+    trainer = internals.load_module(_TRAINER, used_for=_USED_FOR)
+    keras_tf = internals.require(trainer, "tf", name=f"{_TRAINER}.tf", used_for=_USED_FOR)
     proxy = _InlineStepTF(inline)
     trainer.tf = proxy
     try:
@@ -120,7 +120,7 @@ def _replacement(original):
 REPAIR = Repair(
     name="step_function",
     upstream="keras-team/keras#21366, tensorflow#56423",
-    module="keras.src.backend.tensorflow.trainer",
+    module=_TRAINER,
     target="TensorFlowTrainer._make_function",
     replacement=_replacement,
     applies_to=spans_replicas,

@@ -13,7 +13,6 @@ import os
 from collections.abc import Callable
 
 import tensorflow as tf
-from tensorflow.python.distribute import distribute_lib
 
 from mirrorkit import internals
 from mirrorkit.cluster import chief, cluster_info, slurm
@@ -178,10 +177,9 @@ def one_device(*, devices, num_gpus, cpu_replicas, all_reduce, bucket_mb, timeou
 
 def default(**_unused):
     """TensorFlow's default strategy: no distribution."""
-    return internals.require(
-        distribute_lib,
+    return internals.load(
+        "tensorflow.python.distribute.distribute_lib",
         "_get_default_strategy",
-        name="tensorflow distribute_lib._get_default_strategy",
         used_for="kind='default'",
     )()
 

@@ -30,22 +30,21 @@ import threading
 
 import numpy as np
 import tensorflow as tf
-from tensorflow.python.data.ops import iterator_ops
-from tensorflow.python.distribute import input_lib
 
 from mirrorkit import internals
 
 #: Steps kept between two reads of the ring buffer.
 DEFAULT_CAPACITY = 8192
 
-#: The iterator classes whose ``get_next`` Keras's train function calls.
+_INPUT_LIB = "tensorflow.python.distribute.input_lib"
+#: The iterator classes (module, class) whose ``get_next`` Keras's train function calls.
 _ITERATORS = (
-    (input_lib, "DistributedIterator"),
-    (iterator_ops, "OwnedIterator"),
+    (_INPUT_LIB, "DistributedIterator"),
+    ("tensorflow.python.data.ops.iterator_ops", "OwnedIterator"),
 )
 #: A distributed iterator's per-worker iterator class, and its methods that take this
 #: worker's next element before the workers agree whether there is one.
-_PER_WORKER = (input_lib, "_SingleWorkerDatasetIteratorBase")
+_PER_WORKER = (_INPUT_LIB, "_SingleWorkerDatasetIteratorBase")
 _PRODUCERS = ("get_next_as_list", "get_next_as_optional_list")
 
 
@@ -89,17 +88,13 @@ class InputClock:
         # Every internal is looked up before any is wrapped: a missing one changes nothing.
         targets = []
         for module, name in _ITERATORS:
-            cls = internals.require(
-                module, name, name=f"tf {name}", used_for="ThroughputCallback's input wait"
-            )
+            cls = internals.load(module, name, used_for="ThroughputCallback's input wait")
             original = internals.require(
                 cls, "get_next", name=f"tf {name}.get_next", used_for="the input wait"
             )
             targets.append((cls, "get_next", original, self._timed(original)))
         module, name = _PER_WORKER
-        cls = internals.require(
-            module, name, name=f"tf {name}", used_for="ThroughputCallback's input wait"
-        )
+        cls = internals.load(module, name, used_for="ThroughputCallback's input wait")
         for method in _PRODUCERS:
             original = internals.require(
                 cls,

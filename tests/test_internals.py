@@ -288,3 +288,64 @@ def test_renamed_reshuffle_field_is_an_error(monkeypatch, batched_unverified):
     monkeypatch.setattr(batched_unverified, "_RESHUFFLE_FIELD", "_renamed_reshuffle")
     with pytest.raises(internals.InternalChangedError, match="_renamed_reshuffle"):
         batched_unverified.caches_a_shuffle(tf.data.Dataset.range(8).batch(4))
+
+
+# Private modules, loaded by internals.load_module / load: a moved one is named, not an ImportError
+
+
+def test_step_function_with_a_moved_trainer_module_is_named(monkeypatch):
+    monkeypatch.setattr(step_function, "_TRAINER", "keras.src.backend.tensorflow.moved_trainer")
+    with pytest.raises(internals.InternalChangedError, match="moved_trainer") as caught:
+        with step_function._step_compiled_as(inline=True):
+            pass
+    assert TESTED in str(caught.value)
+
+
+def test_repair_with_a_moved_module_warns_and_stays_off(repairs_restored):
+    import dataclasses
+
+    repair = dataclasses.replace(multi_worker_reduce.REPAIR, module="keras.src.moved_trainer")
+    with pytest.warns(internals.InternalChangedWarning, match="keras.src.moved_trainer"):
+        assert repair.apply() is False
+    assert not repair.active
+
+
+# Private fields once read with a silent default: now an error or a said warning
+
+
+def test_collective_key_base_missing_on_extended_is_named(monkeypatch):
+    _strip_after_init(monkeypatch, "_collective_key_base")
+    with pytest.raises(internals.InternalChangedError, match=r"extended\._collective_key_base"):
+        _mirrored_two_cpus()
+
+
+def test_all_reduce_description_without_its_fields_warns(monkeypatch):
+    from mirrorkit.strategies import allreduce
+
+    strategy = mk.strategy(cpu_replicas=2)
+    assert allreduce.describe_ops(strategy) != "unknown"
+    monkeypatch.delattr(strategy.extended, "_communication_options")
+    monkeypatch.delattr(strategy.extended, "_cross_device_ops")
+    with pytest.warns(internals.InternalChangedWarning, match="_communication_options"):
+        assert allreduce.describe_ops(strategy) == "unknown"
+
+
+def test_resumable_without_initial_epoch_warns(monkeypatch, tmp_path):
+    from mirrorkit.faults import backup
+
+    callback = keras.callbacks.BackupAndRestore(str(tmp_path / "backup"))
+    backup._record_progress(callback, str(tmp_path / "progress.json"))
+    model = _model()
+    monkeypatch.delattr(model, "_initial_epoch")
+    callback.set_model(model)
+    with pytest.warns(internals.InternalChangedWarning, match="Model._initial_epoch"):
+        callback.on_train_begin()
+
+
+def test_nested_layers_without_flatten_layers_is_named(monkeypatch):
+    from mirrorkit.scale import batchnorm
+
+    model = _model()
+    monkeypatch.delattr(keras.layers.Layer, "_flatten_layers")
+    with pytest.raises(internals.InternalChangedError, match="_flatten_layers"):
+        batchnorm.all_layers(model)

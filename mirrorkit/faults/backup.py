@@ -37,6 +37,7 @@ import os
 
 import keras
 
+from mirrorkit import internals
 from mirrorkit.cluster import chief
 from mirrorkit.faults import backup_pair, resume_point
 
@@ -92,7 +93,16 @@ def _record_progress(callback: keras.callbacks.BackupAndRestore, path: str) -> N
         restore(logs)
         steps = (callback.params or {}).get("steps")
         state["recorder"] = resume_point.Recorder(path, callback.backup_dir, steps)
-        state["epoch"] = getattr(callback.model, "_initial_epoch", None) or 0
+        state["epoch"] = (
+            internals.optional(
+                callback.model,
+                "_initial_epoch",
+                name="keras Model._initial_epoch",
+                used_for="the epoch a resumed fit starts at, recorded for the launcher's "
+                "restart line, which says epoch 1 without it",
+            )
+            or 0
+        )
         state["recorder"].at(state["epoch"], 0)
 
     begin = callback.on_epoch_begin

@@ -24,6 +24,8 @@ import dataclasses
 
 import tensorflow as tf
 
+from mirrorkit import internals
+
 ALL_REDUCE_CHOICES = ("auto", "nccl", "ring", "hierarchical_copy", "reduce_to_one")
 _MULTI_WORKER_CHOICES = ("auto", "ring", "nccl")
 _COLLECTIVE = ("auto", "ring")
@@ -155,11 +157,32 @@ def plan_multi_worker(
 
 
 def describe_ops(strategy: tf.distribute.Strategy) -> str:
-    """Names the all-reduce a strategy uses, e.g. ``CollectiveAllReduce (RING)``."""
+    """Names the all-reduce a strategy uses, e.g. ``CollectiveAllReduce (RING)``.
+
+    A MirroredStrategy's or MultiWorkerMirroredStrategy's all-reduce is read from
+    two private fields of its ``extended``; without them (a TensorFlow outside the
+    tested range) the description is ``unknown``, with an `InternalChangedWarning`.
+    Other strategies have no all-reduce to read.
+    """
+    if not isinstance(
+        strategy, (tf.distribute.MirroredStrategy, tf.distribute.MultiWorkerMirroredStrategy)
+    ):
+        return "none (one replica)" if strategy.num_replicas_in_sync == 1 else "unknown"
     extended = strategy.extended
-    options = getattr(extended, "_communication_options", None)
+    used_for = "the all-reduce in mk.strategy's description, which says 'unknown' without it"
+    options = internals.optional(
+        extended,
+        "_communication_options",
+        name="MirroredStrategy.extended._communication_options",
+        used_for=used_for,
+    )
     implementation = getattr(getattr(options, "implementation", None), "name", None)
-    ops = getattr(extended, "_cross_device_ops", None)
+    ops = internals.optional(
+        extended,
+        "_cross_device_ops",
+        name="MirroredStrategy.extended._cross_device_ops",
+        used_for=used_for,
+    )
     if ops is None and implementation is None:
         return "none (one replica)" if strategy.num_replicas_in_sync == 1 else "unknown"
     if ops is None or type(ops).__name__ == "CollectiveAllReduce":

@@ -75,7 +75,13 @@ def _with_own_collective_keys(make: Callable[[], tf.distribute.MirroredStrategy]
     base = cls._collective_key_base = (next(_strategies_made) + 1) * _KEYS_PER_STRATEGY
     try:
         made = make()
-        if getattr(made.extended, "_collective_key_base", base) != base:
+        taken = internals.require(
+            made.extended,
+            "_collective_key_base",
+            name="MirroredStrategy.extended._collective_key_base",
+            used_for=used_for,
+        )
+        if taken != base:
             raise internals.changed(name, used_for, "the strategy did not take the base set")
         return made
     finally:

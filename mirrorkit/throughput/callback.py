@@ -255,8 +255,8 @@ class ThroughputCallback(keras.callbacks.Callback):
 
     def on_train_end(self, logs: dict | None = None) -> None:
         """Removes the step instrumentation and flushes TensorBoard."""
-        if getattr(self.model.train_function, "_throughput_timed", None) is not None:
-            self.model.train_function = self.model.train_function._throughput_timed
+        if getattr(self.model.train_function, "_mirrorkit_throughput_timed", None) is not None:
+            self.model.train_function = self.model.train_function._mirrorkit_throughput_timed
         self._input_clock.uninstall()
         self._clock.uninstall()
         if self._writer is not None:
@@ -325,7 +325,7 @@ class ThroughputCallback(keras.callbacks.Callback):
     def _time_train_function(self) -> None:
         """Times each call of Keras's train function: the rest of a step is host work."""
         original = self.model.train_function
-        if original is None or getattr(original, "_throughput_timed", None) is not None:
+        if original is None or getattr(original, "_mirrorkit_throughput_timed", None) is not None:
             return
 
         def timed(iterator):
@@ -335,7 +335,7 @@ class ThroughputCallback(keras.callbacks.Callback):
             finally:
                 self._inside_s += time.perf_counter() - start
 
-        timed._throughput_timed = original
+        timed._mirrorkit_throughput_timed = original
         self.model.train_function = timed
 
     def _gather_worker_figures(

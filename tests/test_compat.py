@@ -1,9 +1,12 @@
 """Keras repairs on one host (4 logical CPUs in the pytest process)."""
 
+import functools
+
 import keras
 import numpy as np
 import pytest
 import tensorflow as tf
+from _models import tiny_model
 
 import mirrorkit as mk
 from mirrorkit import compat
@@ -16,10 +19,7 @@ def without_repairs():
     compat.enable()
 
 
-def _model(inputs=4):
-    model = keras.Sequential([keras.Input((inputs,)), keras.layers.Dense(2)])
-    model.compile(optimizer="adam", loss="mse")
-    return model
+_model = functools.partial(tiny_model, 4, 2, "adam")
 
 
 def test_enable_is_idempotent_and_disable_restores():

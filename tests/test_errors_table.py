@@ -23,6 +23,7 @@ from collections.abc import Callable
 
 import numpy as np
 import pytest
+from _models import tiny_model
 
 import mirrorkit as mk
 from mirrorkit.cluster import chief, cluster_info
@@ -219,12 +220,10 @@ def _compiled_outside_scope():
 
 
 def _validation_split_on_a_dataset():
-    import keras
 
     strategy = _strategy2()
     with strategy.scope():
-        model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)])
-        model.compile(optimizer="sgd", loss="mse")
+        model = tiny_model()
     model.fit(mk.distribute(_xy(), strategy, global_batch_size=8), validation_split=0.2)
 
 
@@ -255,19 +254,10 @@ def _tfds_not_prepared(tmp: pathlib.Path):
     )
 
 
-def _tiny_model():
-    import keras
-
-    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)])
-    model.compile(optimizer="sgd", loss="mse")
-    return model
-
-
 def _nan_guard_with_loss_scaling():
     import keras
 
-    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)])
-    model.compile(optimizer=keras.optimizers.LossScaleOptimizer(keras.optimizers.SGD()), loss="mse")
+    model = tiny_model(optimizer=keras.optimizers.LossScaleOptimizer(keras.optimizers.SGD()))
     x, y = _xy(8)
     model.fit(x, y, epochs=1, verbose=0, callbacks=[mk.callbacks.NaNGuard()])
 
@@ -276,9 +266,7 @@ def _nan_guard_with_accumulation():
     import keras
 
     def make():
-        model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)])
-        model.compile(optimizer=keras.optimizers.SGD(gradient_accumulation_steps=2), loss="mse")
-        return model
+        return tiny_model(optimizer=keras.optimizers.SGD(gradient_accumulation_steps=2))
 
     x, y = _xy(16)
     model = mk.build(make, _strategy2())
@@ -295,7 +283,7 @@ def _preemption_other_batch(tmp: pathlib.Path):
     saved = tf.train.Checkpoint(mirrorkit_global_batch=tf.Variable(32, dtype=tf.int64))
     tf.train.CheckpointManager(saved, ckpt, max_to_keep=1).save()
     strategy = _strategy2()
-    model = mk.build(_tiny_model, strategy)
+    model = mk.build(tiny_model, strategy)
     data = mk.distribute(_xy(32), strategy, global_batch_size=16, shuffle=False)
     before = signal.getsignal(signal.SIGTERM)  # TensorFlow's handler watches SIGTERM
     try:
@@ -306,15 +294,8 @@ def _preemption_other_batch(tmp: pathlib.Path):
 
 def _preemption_fit(ckpt: str, compile_kwargs: dict, data_fn) -> None:
     """`fit` of a tiny model with `mk.PreemptionCheckpoint` (raises at the start of fit)."""
-    import keras
-
-    def make():
-        model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)])
-        model.compile(optimizer="sgd", loss="mse", **compile_kwargs)
-        return model
-
     strategy = _strategy2()
-    model = mk.build(make, strategy)
+    model = mk.build(lambda: tiny_model(**compile_kwargs), strategy)
     model.fit(data_fn(strategy), epochs=1, verbose=0, callbacks=[mk.PreemptionCheckpoint(ckpt, 16)])
 
 
@@ -453,13 +434,13 @@ def _cases(tmp: pathlib.Path) -> dict[str, Callable[[], object]]:
         "data-eval-shuffle": _distribute(_xy(), for_eval=True, shuffle=True),
         "data-eval-drop": _distribute(_xy(), for_eval=True, drop_remainder=True),
         # mk.build and callbacks
-        "build-model-not-function": lambda: mk.build(_tiny_model(), _strategy2()),
+        "build-model-not-function": lambda: mk.build(tiny_model(), _strategy2()),
         "build-returns-none": lambda: mk.build(lambda: None, _strategy2()),
         "compile-outside-scope": _compiled_outside_scope,
         "fit-validation-split-dataset": _validation_split_on_a_dataset,
-        "build-step-logs": lambda: mk.build(_tiny_model, _strategy2(), step_logs="worker"),
+        "build-step-logs": lambda: mk.build(tiny_model, _strategy2(), step_logs="worker"),
         "build-compression": lambda: mk.build(
-            _tiny_model, _strategy2(), gradient_compression="int8"
+            tiny_model, _strategy2(), gradient_compression="int8"
         ),
         "throughput-baseline-missing": lambda: mk.ThroughputCallback(baseline="missing.json"),
         "throughput-baseline-negative": lambda: mk.ThroughputCallback(baseline=-5),

@@ -1,8 +1,11 @@
 """mk.strategy(), mk.describe() and mk.build() in the pytest process (4 logical CPUs)."""
 
+import functools
+
 import keras
 import pytest
 import tensorflow as tf
+from _models import tiny_model
 
 import mirrorkit as mk
 from mirrorkit.strategies import arguments, current
@@ -87,10 +90,7 @@ def test_describe_uses_the_strategy_in_scope():
     assert mk.describe().num_replicas == 2
 
 
-def _model():
-    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
-    model.compile(optimizer="sgd", loss="mse")
-    return model
+_model = functools.partial(tiny_model, 3, 2)
 
 
 def test_build_creates_mirrored_variables():

@@ -32,11 +32,10 @@ def _data(workers, replicas_per_worker, bad_worker, bad_replica, steps=12):
 
 def _model():
     import keras
+    from _models import tiny_model
 
     keras.utils.set_random_seed(0)
-    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)])
-    model.compile(optimizer=keras.optimizers.SGD(0.01), loss="mse")
-    return model
+    return tiny_model(optimizer=keras.optimizers.SGD(0.01))
 
 
 def _fit_until_nan(strategy, arrays, checkpoint):
@@ -240,9 +239,9 @@ def test_a_step_the_guard_cannot_check_is_an_error_not_a_silent_no_op():
     import tensorflow as tf
 
     def make():
-        model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)])
-        model.compile(optimizer=keras.optimizers.SGD(gradient_accumulation_steps=2), loss="mse")
-        return model
+        from _models import tiny_model
+
+        return tiny_model(optimizer=keras.optimizers.SGD(gradient_accumulation_steps=2))
 
     model = mk.build(make, mk.strategy(cpu_replicas=2))
     x, y = np.ones((32, 3), "float32"), np.ones((32, 1), "float32")

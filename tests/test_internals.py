@@ -6,10 +6,13 @@ that renamed it) and checks that the user gets an `InternalChangedError` or an
 an AttributeError deep in a traceback or a silent no-op.
 """
 
+import functools
+
 import keras
 import numpy as np
 import pytest
 import tensorflow as tf
+from _models import tiny_model
 from keras.src.backend.tensorflow import optimizer as tf_optimizer
 from keras.src.backend.tensorflow import trainer
 
@@ -28,10 +31,7 @@ def repairs_restored():
     compat.enable()
 
 
-def _model(**compile_kwargs):
-    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(2)])
-    model.compile(optimizer="adam", loss="mse", **compile_kwargs)
-    return model
+_model = functools.partial(tiny_model, 4, 2, "adam")
 
 
 def _data(n=16):
@@ -274,9 +274,7 @@ def test_gradient_accumulation_without_optimizer_internal_is_named(monkeypatch):
     from keras.src.optimizers import base_optimizer
 
     def make():
-        model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(2)])
-        model.compile(optimizer=keras.optimizers.SGD(gradient_accumulation_steps=2), loss="mse")
-        return model
+        return tiny_model(4, 2, keras.optimizers.SGD(gradient_accumulation_steps=2))
 
     model = mk.build(make, mk.strategy(cpu_replicas=2))
     monkeypatch.delattr(base_optimizer.BaseOptimizer, "_clip_gradients")

@@ -6,12 +6,14 @@ load on the machine. The multi-worker tests run on real time and assert on
 behaviour with bounds wide enough for a loaded 2-core machine.
 """
 
+import functools
 import json
 import types
 
 import keras
 import pytest
 import tensorflow as tf
+from _models import tiny_model
 
 import mirrorkit as mk
 from mirrorkit.throughput import bottleneck
@@ -56,10 +58,7 @@ def _batches(steps):
     return batches.map(make)
 
 
-def _model():
-    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
-    model.compile(optimizer="sgd", loss="mse")
-    return model
+_model = functools.partial(tiny_model, 4)
 
 
 def _fit(clock, callback, epochs=2, steps=12, replicas=2):

@@ -93,11 +93,14 @@ def test_plan_command_for_a_bundled_model(capsys):
     assert "does NOT fit; largest per-replica batch that fits: 0" in printed
 
 
-def test_plan_command_refuses_a_bad_batch():
+def test_plan_command_refuses_a_bad_batch(capsys):
     from mirrorkit.commands.cli import main
+    from mirrorkit.exit_statuses import BAD_ARGUMENTS
 
-    with pytest.raises(SystemExit, match="--batch must be a positive integer; got 0"):
-        main(["plan", "--model", "mlp", "--batch", "0"])
+    assert main(["plan", "--model", "mlp", "--batch", "0"]) == BAD_ARGUMENTS
+    said = capsys.readouterr()
+    assert said.out == ""
+    assert "mirrorkit plan: --batch must be a positive integer; got 0" in said.err
 
 
 def test_plan_command_names_every_bundled_model_without_importing_keras():

@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 
 import mirrorkit as mk
-from mirrorkit.faults.preemption_checkpoint import EXIT_STATUS
+from mirrorkit.exit_statuses import PREEMPTED
 from tests._training import GLOBAL_BATCH, make_data, make_model
 
 EPOCHS = 3
@@ -75,7 +75,7 @@ def test_preempted_on_4_replicas_resumes_on_2_equal_to_uninterrupted(
     ckpt = str(tmp_path / "preempt")
     with pytest.raises(SystemExit) as stopped:
         _train(4, [lambda d: mk.PreemptionCheckpoint(ckpt, d), lambda d: _TermAt(1, 1)])
-    assert stopped.value.code == EXIT_STATUS
+    assert stopped.value.code == PREEMPTED
     out = capsys.readouterr().out
     # SIGTERM before batch 1: TF agrees on the boundary after the next step (batch 3)
     assert "preempted (SIGTERM): checkpoint saved" in out and "at epoch 2 step 3" in out, out
@@ -101,7 +101,7 @@ def test_shuffled_run_preempted_on_4_replicas_resumes_on_2_in_its_orders(
             shuffle=True,
             seen=seen,
         )
-    assert stopped.value.code == EXIT_STATUS
+    assert stopped.value.code == PREEMPTED
     seed = int(seen[0].epoch_order.seed.numpy())
     capsys.readouterr()
     resumed = _train(2, [lambda d: mk.PreemptionCheckpoint(ckpt, d)], shuffle=True, seed=seed + 1)
@@ -253,7 +253,7 @@ def test_sigterm_at_an_epochs_last_step_resumes_and_at_fits_last_step_completes_
     ckpt = str(tmp_path / "epoch-end")
     with pytest.raises(SystemExit) as stopped:
         _train(2, [lambda d: mk.PreemptionCheckpoint(ckpt, d), lambda d: _TermAt(0, 3)])
-    assert stopped.value.code == EXIT_STATUS
+    assert stopped.value.code == PREEMPTED
     resumed = _train(2, [lambda d: mk.PreemptionCheckpoint(ckpt, d)])
     said = capsys.readouterr()
     assert "resuming from the preemption checkpoint at epoch 2 step" in said.out, said

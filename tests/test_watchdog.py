@@ -16,6 +16,8 @@ import time
 
 import pytest
 
+from mirrorkit.exit_statuses import STEP_HUNG, TIMED_OUT
+
 HANG_S = 8
 
 _STUCK_FIT = """
@@ -91,10 +93,11 @@ def test_single_host_mirrored_step_that_never_returns_ends_naming_the_step(tmp_p
         start_new_session=True,
     )
     out, err = proc.communicate(timeout=900)
-    assert proc.returncode == 124, (proc.returncode, err[-4000:])
+    assert proc.returncode == STEP_HUNG != TIMED_OUT, (proc.returncode, err[-4000:])
     assert "finished" not in out
     assert "this process completed no training step for" in err, err[-4000:]
     assert "stuck in epoch 1, batch 3 (3 step(s) completed" in err, err[-4000:]
+    assert f"this process ends with exit status {STEP_HUNG}" in err
     assert "maybe_sleep" in err  # faulthandler's stacks show where it sleeps
     with pytest.raises(ProcessLookupError):
         os.killpg(proc.pid, 0)
@@ -120,7 +123,7 @@ def test_worker_stuck_in_a_step_ends_the_launched_job_naming_it(tmp_path):
         env=env,
     )
     log = done.stdout + done.stderr
-    assert done.returncode == 124, log[-4000:]
+    assert done.returncode == STEP_HUNG, log[-4000:]  # the worker's status, not --timeout's
     assert "finished" not in done.stdout
     # every worker says it and dumps its stacks before any exits
     assert "worker 1 completed no training step for" in log, log[-4000:]
@@ -182,7 +185,7 @@ def test_watchdog_ends_a_stuck_process_and_spares_a_progressing_one():
     proc = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False
     )
-    assert proc.returncode == 124, proc.stderr
+    assert proc.returncode == STEP_HUNG, proc.stderr
     assert "PROGRESSED" in proc.stdout and "NOT REACHED" not in proc.stdout
     assert "worker 7 completed no training step for" in proc.stderr
     assert "stuck in step 6 (6 step(s) completed" in proc.stderr

@@ -20,6 +20,15 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from mirrorkit.bench import measure
+from mirrorkit.environment_variables import (
+    MALLOC_PREFIX,
+    MIRRORKIT_PREFIX,
+    OMP_NUM_THREADS,
+    TF_CONFIG,
+    TF_CPP_MIN_LOG_LEVEL,
+    TF_NUM_INTEROP_THREADS,
+    TF_NUM_INTRAOP_THREADS,
+)
 from mirrorkit.launcher import local_job, pinning
 
 
@@ -53,7 +62,7 @@ def run_config(
         args,
         pin=cores or False,
         private_network=workers > 1,
-        env=lambda i: {"TF_CPP_MIN_LOG_LEVEL": "3"},
+        env=lambda i: {TF_CPP_MIN_LOG_LEVEL: "3"},
         timeout_s=timeout_s,
         stream=io.StringIO(),  # quiet; a failure's error carries its traceback
         wording=None,
@@ -212,7 +221,13 @@ def _free_port() -> int:
 
 
 #: Settings mirrorkit's launcher plans; the raw job's workers get none of them.
-_MIRRORKIT_ENV = ("MALLOC_", "TF_NUM_INTRAOP", "TF_NUM_INTEROP", "OMP_NUM_THREADS", "MIRRORKIT_")
+_MIRRORKIT_ENV = (
+    MALLOC_PREFIX,
+    TF_NUM_INTRAOP_THREADS,
+    TF_NUM_INTEROP_THREADS,
+    OMP_NUM_THREADS,
+    MIRRORKIT_PREFIX,
+)
 
 
 def raw_job(
@@ -228,7 +243,7 @@ def raw_job(
     ports = [_free_port() for _ in range(workers)]
     cluster = {"worker": [f"127.0.0.1:{port}" for port in ports]}
     base = {k: v for k, v in os.environ.items() if not k.startswith(_MIRRORKIT_ENV)}
-    base.pop("TF_CONFIG", None)
+    base.pop(TF_CONFIG, None)
     code = "from mirrorkit.bench.measure import raw_worker_main; raw_worker_main()"
     with tempfile.TemporaryDirectory() as tmp:
         outs = [os.path.join(tmp, f"worker-{i}.json") for i in range(workers)]
@@ -237,7 +252,7 @@ def raw_job(
         try:
             for i in range(workers):
                 env = dict(base, TF_CPP_MIN_LOG_LEVEL="3")
-                env["TF_CONFIG"] = json.dumps(
+                env[TF_CONFIG] = json.dumps(
                     {"cluster": cluster, "task": {"type": "worker", "index": i}}
                 )
                 argv = [sys.executable, "-c", code, outs[i], model]

@@ -8,7 +8,8 @@ import os
 import keras
 
 from mirrorkit.cluster import cluster_info
-from mirrorkit.faults.step_timeout import ENV, EXIT_STATUS, Watchdog
+from mirrorkit.environment_variables import MIRRORKIT_HANG_TIMEOUT
+from mirrorkit.faults.step_timeout import Watchdog
 
 
 class HangWatchdog(keras.callbacks.Callback):
@@ -19,7 +20,8 @@ class HangWatchdog(keras.callbacks.Callback):
     that never returns), so nothing else ends such a hang. On every worker that
     has it, the watchdog then writes which worker stopped and in which epoch and
     batch, dumps the Python stacks of every thread (`faulthandler`) to stderr
-    (the worker's log), and ends the process with exit status 124; under
+    (the worker's log), and ends the process with exit status 43
+    (`mirrorkit.exit_statuses.STEP_HUNG`); under
     `mirrorkit launch` the other workers are then stopped and the job fails
     naming that worker. In a multi-worker job the peers of a stuck worker wait
     in the same step's all-reduce, so each one ends the same way: the stacks
@@ -28,7 +30,7 @@ class HangWatchdog(keras.callbacks.Callback):
     The clock starts with `fit` and restarts at each completed step, so the
     first step's tracing counts: give it room. If the step blocks inside
     TensorFlow while holding the GIL, a C thread dumps the stacks 15 s later
-    and exits with status 1 instead (no message naming the step).
+    and exits with status 1 (`FAILED`) instead (no message naming the step).
 
     Args:
         hang_timeout_s: seconds without a completed step; default: the
@@ -49,8 +51,9 @@ class HangWatchdog(keras.callbacks.Callback):
     def __init__(self, hang_timeout_s: float | None = None):
         super().__init__()
         source = "hang_timeout_s"
-        if hang_timeout_s is None and os.environ.get(ENV):
-            source, hang_timeout_s = ENV, _float(os.environ[ENV])
+        if hang_timeout_s is None and os.environ.get(MIRRORKIT_HANG_TIMEOUT):
+            source = MIRRORKIT_HANG_TIMEOUT
+            hang_timeout_s = _float(os.environ[MIRRORKIT_HANG_TIMEOUT])
         if hang_timeout_s is not None and (
             isinstance(hang_timeout_s, bool)
             or not isinstance(hang_timeout_s, (int, float))
@@ -103,4 +106,4 @@ def _float(text: str) -> object:
         return text
 
 
-__all__ = ["EXIT_STATUS", "ENV", "HangWatchdog"]
+__all__ = ["HangWatchdog"]

@@ -13,6 +13,7 @@ import os
 from collections.abc import Mapping, Sequence
 
 from mirrorkit.cluster import slurm
+from mirrorkit.environment_variables import TF_CONFIG
 
 #: Job types a TF_CONFIG may name, and those that count as training workers.
 KNOWN_JOBS = ("chief", "worker", "evaluator", "ps")
@@ -61,7 +62,7 @@ class ClusterInfo:
 
 
 def from_cluster_spec(
-    spec: Mapping[str, Sequence[str]], task_type: str, task_index: int, source: str = "TF_CONFIG"
+    spec: Mapping[str, Sequence[str]], task_type: str, task_index: int, source: str = TF_CONFIG
 ) -> ClusterInfo:
     """The `ClusterInfo` of task (`task_type`, `task_index`) in an already valid cluster spec.
 
@@ -233,7 +234,7 @@ def from_environment(env: Mapping[str, str] | None = None) -> ClusterInfo:
     ```
     """
     env = os.environ if env is None else env
-    text = env.get("TF_CONFIG", "").strip()
+    text = env.get(TF_CONFIG, "").strip()
     if text:
         return parse_tf_config(text)
     here = slurm.step(env)  # a task of an srun step of several tasks (mirrorkit.cluster.slurm)

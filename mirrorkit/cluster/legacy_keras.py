@@ -25,9 +25,9 @@ import os
 from collections.abc import Mapping
 
 from mirrorkit.cluster import chief
+from mirrorkit.environment_variables import TF_USE_LEGACY_KERAS
 
-#: The variable, and the values TensorFlow reads as "use tf_keras for tf.keras".
-ENV = "TF_USE_LEGACY_KERAS"
+#: The values of TF_USE_LEGACY_KERAS that TensorFlow reads as "use tf_keras for tf.keras".
 TRUE_VALUES = ("1", "true", "True")
 
 
@@ -49,7 +49,7 @@ def requested(env: Mapping[str, str] | None = None) -> bool:
     ```
     """
     env = os.environ if env is None else env
-    return env.get(ENV) in TRUE_VALUES
+    return env.get(TF_USE_LEGACY_KERAS) in TRUE_VALUES
 
 
 def notice(keras_version: str, env: Mapping[str, str] | None = None) -> str | None:
@@ -77,7 +77,8 @@ def notice(keras_version: str, env: Mapping[str, str] | None = None) -> str | No
     installed = importlib.util.find_spec("tf_keras") is not None
     legacy = "tf_keras (Keras 2)" if installed else "tf_keras, which is not installed"
     return (
-        f"{ENV}={env[ENV]} is set (Ray Train sets it); mirrorkit uses Keras 3 (keras "
+        f"{TF_USE_LEGACY_KERAS}={env[TF_USE_LEGACY_KERAS]} is set (Ray Train sets it); "
+        f"mirrorkit uses Keras 3 (keras "
         f"{keras_version}) and leaves the variable as it is: build the model with "
         f"`import keras`. The variable only routes `tf.keras` to {legacy}, in a process "
         "that first uses `tf.keras` after it was set (such as one this process starts); "
@@ -99,4 +100,4 @@ def say_keras_3() -> None:
 
     line = notice(keras.__version__)
     if line is not None:
-        chief.say_once(ENV, line)
+        chief.say_once(TF_USE_LEGACY_KERAS, line)

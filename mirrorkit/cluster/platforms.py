@@ -25,6 +25,7 @@ import os
 from collections.abc import Mapping
 
 from mirrorkit.cluster import chief
+from mirrorkit.environment_variables import SM_CURRENT_HOST, SM_HOSTS, TF_CONFIG
 
 #: The estimator argument that makes SageMaker write a TF_CONFIG for all-reduce training.
 SAGEMAKER_SWITCH = 'distribution={"multi_worker_mirrored_strategy": {"enabled": True}}'
@@ -49,7 +50,7 @@ def sagemaker_hosts(env: Mapping[str, str] | None = None) -> list[str]:
     """
     env = os.environ if env is None else env
     try:
-        hosts = json.loads(env.get("SM_HOSTS", "[]"))
+        hosts = json.loads(env.get(SM_HOSTS, "[]"))
     except json.JSONDecodeError:
         return []
     return [h for h in hosts if isinstance(h, str)] if isinstance(hosts, list) else []
@@ -78,7 +79,7 @@ def sagemaker_notice(env: Mapping[str, str] | None = None) -> str | None:
     """
     env = os.environ if env is None else env
     hosts = sagemaker_hosts(env)
-    if len(hosts) < 2 or env.get("TF_CONFIG", "").strip() or env.get("SM_CURRENT_HOST") != hosts[0]:
+    if len(hosts) < 2 or env.get(TF_CONFIG, "").strip() or env.get(SM_CURRENT_HOST) != hosts[0]:
         return None
     return (
         f"WARNING: SageMaker started {len(hosts)} hosts (SM_HOSTS={', '.join(hosts)}) but wrote "

@@ -33,8 +33,24 @@ import itertools
 import re
 from collections.abc import Mapping
 
-#: Sets the first worker port on every node of a Slurm step (local task j: port + j).
-PORT_ENV = "MIRRORKIT_PORT"
+from mirrorkit.environment_variables import (
+    CUDA_VISIBLE_DEVICES,
+    MIRRORKIT_PORT,
+    SLURM_GPU_BIND,
+    SLURM_GPUS_PER_TASK,
+    SLURM_JOB_ID,
+    SLURM_JOB_NUM_NODES,
+    SLURM_LOCALID,
+    SLURM_NNODES,
+    SLURM_NODEID,
+    SLURM_NTASKS,
+    SLURM_STEP_ID,
+    SLURM_STEP_NODELIST,
+    SLURM_STEP_NUM_TASKS,
+    SLURM_STEP_TASKS_PER_NODE,
+    SLURMD_NODENAME,
+)
+
 #: The lowest first port; the same as `mirrorkit launch`'s default ``--port``.
 BASE_PORT = 29470
 #: Ports set aside for each job's tasks on one node, and how many such blocks there are.
@@ -188,12 +204,12 @@ def first_port(env: Mapping[str, str]) -> int:
     assert first_port({"MIRRORKIT_PORT": "40000", "SLURM_JOB_ID": "49"}) == 40000
     ```
     """
-    if env.get(PORT_ENV):
-        port = _int(env, PORT_ENV)
+    if env.get(MIRRORKIT_PORT):
+        port = _int(env, MIRRORKIT_PORT)
         if not 1024 <= port <= 65535:
-            raise ValueError(f"{PORT_ENV}={port} must be a TCP port from 1024 to 65535")
+            raise ValueError(f"{MIRRORKIT_PORT}={port} must be a TCP port from 1024 to 65535")
         return port
-    job = _int(env, "SLURM_JOB_ID") if env.get("SLURM_JOB_ID") else 0
+    job = _int(env, SLURM_JOB_ID) if env.get(SLURM_JOB_ID) else 0
     return BASE_PORT + PORT_STRIDE * (job % PORT_BLOCKS)
 
 
@@ -222,35 +238,35 @@ def step(env: Mapping[str, str]) -> Step | None:
     assert here.addresses()[3] == "gpu2:29919"
     ```
     """
-    if env.get("SLURM_STEP_ID") is None:
+    if env.get(SLURM_STEP_ID) is None:
         return None
-    for name in ("SLURM_STEP_NODELIST", "SLURM_STEP_TASKS_PER_NODE", "SLURM_LOCALID"):
+    for name in (SLURM_STEP_NODELIST, SLURM_STEP_TASKS_PER_NODE, SLURM_LOCALID):
         if not env.get(name):
             raise ValueError(
                 f"Slurm step variable {name} is not set, but SLURM_STEP_ID is: mirrorkit needs "
                 "it to find the step's other tasks. Run the script with srun, which sets it"
             )
-    hosts = _read(expand_hostlist, env, "SLURM_STEP_NODELIST")
-    counts = _read(expand_tasks_per_node, env, "SLURM_STEP_TASKS_PER_NODE")
+    hosts = _read(expand_hostlist, env, SLURM_STEP_NODELIST)
+    counts = _read(expand_tasks_per_node, env, SLURM_STEP_TASKS_PER_NODE)
     if len(counts) != len(hosts):
         raise ValueError(
-            f"SLURM_STEP_TASKS_PER_NODE={env['SLURM_STEP_TASKS_PER_NODE']!r} gives {len(counts)} "
-            f"node(s) but SLURM_STEP_NODELIST={env['SLURM_STEP_NODELIST']!r} names {len(hosts)}"
+            f"SLURM_STEP_TASKS_PER_NODE={env[SLURM_STEP_TASKS_PER_NODE]!r} gives {len(counts)} "
+            f"node(s) but SLURM_STEP_NODELIST={env[SLURM_STEP_NODELIST]!r} names {len(hosts)}"
         )
     total = sum(counts)
-    if env.get("SLURM_STEP_NUM_TASKS") and _int(env, "SLURM_STEP_NUM_TASKS") != total:
+    if env.get(SLURM_STEP_NUM_TASKS) and _int(env, SLURM_STEP_NUM_TASKS) != total:
         raise ValueError(
-            f"SLURM_STEP_NUM_TASKS={env['SLURM_STEP_NUM_TASKS']} but SLURM_STEP_TASKS_PER_NODE="
-            f"{env['SLURM_STEP_TASKS_PER_NODE']!r} adds up to {total}"
+            f"SLURM_STEP_NUM_TASKS={env[SLURM_STEP_NUM_TASKS]} but SLURM_STEP_TASKS_PER_NODE="
+            f"{env[SLURM_STEP_TASKS_PER_NODE]!r} adds up to {total}"
         )
     if total < 2:
         return None
     node = _node_index(env, hosts)
-    local = _int(env, "SLURM_LOCALID")
+    local = _int(env, SLURM_LOCALID)
     if not 0 <= local < counts[node]:
         raise ValueError(
             f"SLURM_LOCALID={local}, but the step runs {counts[node]} task(s) on {hosts[node]} "
-            f"(SLURM_STEP_TASKS_PER_NODE={env['SLURM_STEP_TASKS_PER_NODE']!r})"
+            f"(SLURM_STEP_TASKS_PER_NODE={env[SLURM_STEP_TASKS_PER_NODE]!r})"
         )
     return Step(tuple(hosts), tuple(counts), node, local, first_port(env))
 
@@ -263,15 +279,15 @@ def _read(parse, env: Mapping[str, str], name: str):
 
 
 def _node_index(env: Mapping[str, str], hosts: list[str]) -> int:
-    name = env.get("SLURMD_NODENAME")
+    name = env.get(SLURMD_NODENAME)
     if name in hosts:
         return hosts.index(name)
-    if env.get("SLURM_NODEID") is None:
+    if env.get(SLURM_NODEID) is None:
         raise ValueError(
             f"neither SLURMD_NODENAME ({name!r}) nor SLURM_NODEID says which node of "
             f"SLURM_STEP_NODELIST ({', '.join(hosts)}) this task runs on"
         )
-    index = _int(env, "SLURM_NODEID")
+    index = _int(env, SLURM_NODEID)
     if not 0 <= index < len(hosts):
         raise ValueError(f"SLURM_NODEID={index} is outside the step's {len(hosts)} node(s)")
     return index
@@ -304,14 +320,14 @@ def outside_step_note(
     assert outside_step_note({"SLURM_JOB_ID": "5", "SLURM_STEP_ID": "0"}) is None
     ```
     """
-    if env.get("SLURM_JOB_ID") is None or env.get("SLURM_STEP_ID") is not None:
+    if env.get(SLURM_JOB_ID) is None or env.get(SLURM_STEP_ID) is not None:
         return None
-    tasks = env.get("SLURM_NTASKS") or ""
-    nodes = env.get("SLURM_JOB_NUM_NODES") or env.get("SLURM_NNODES") or "1"
+    tasks = env.get(SLURM_NTASKS) or ""
+    nodes = env.get(SLURM_JOB_NUM_NODES) or env.get(SLURM_NNODES) or "1"
     if not (tasks.isdigit() and int(tasks) > 1) and not (nodes.isdigit() and int(nodes) > 1):
         return None
     return (
-        f"Slurm job {env['SLURM_JOB_ID']} has {tasks or '?'} task(s) on {nodes} node(s), but "
+        f"Slurm job {env[SLURM_JOB_ID]} has {tasks or '?'} task(s) on {nodes} node(s), but "
         "this process is not a task of a job step (no SLURM_STEP_ID: a batch script or an "
         f"salloc shell), so the job's other tasks are not running and {consequence}. "
         "Start one task per worker with `srun python SCRIPT`, or one launcher per node with "
@@ -349,7 +365,7 @@ def gpu_share(here: Step, env: Mapping[str, str], visible: int) -> range:
     assert gpu_share(here, {"SLURM_GPUS_PER_TASK": "1"}, 1) == range(0, 1)
     ```
     """
-    bound = env.get("SLURM_GPUS_PER_TASK") or env.get("SLURM_GPU_BIND", "none") != "none"
+    bound = env.get(SLURM_GPUS_PER_TASK) or env.get(SLURM_GPU_BIND, "none") != "none"
     tasks = here.tasks_here
     if visible == 0 or bound or tasks == 1:
         return range(visible)
@@ -357,7 +373,7 @@ def gpu_share(here: Step, env: Mapping[str, str], visible: int) -> range:
         raise ValueError(
             f"the Slurm step runs {tasks} tasks on {here.hosts[here.node_index]} and they share "
             f"the {visible} GPU(s) each of them sees (CUDA_VISIBLE_DEVICES="
-            f"{env.get('CUDA_VISIBLE_DEVICES', 'unset')}): a worker needs a GPU of its own. "
+            f"{env.get(CUDA_VISIBLE_DEVICES, 'unset')}): a worker needs a GPU of its own. "
             f"Ask for one per task (srun --gpus-per-task=1), or run {visible} task(s) per node"
         )
     each = visible // tasks

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 
+from mirrorkit.environment_variables import MIRRORKIT_WORKER, TF_CONFIG
 from mirrorkit.launcher.ports import free_ports
 
 
@@ -35,7 +36,7 @@ def tf_config(addresses: Sequence[str], index: int) -> str:
 
 def worker_env(addresses: Sequence[str], index: int) -> dict[str, str]:
     """Returns the environment variables mirrorkit gives worker `index` of a launch."""
-    return {"TF_CONFIG": tf_config(addresses, index), "MIRRORKIT_WORKER": str(index)}
+    return {TF_CONFIG: tf_config(addresses, index), MIRRORKIT_WORKER: str(index)}
 
 
 def local_addresses(num_workers: int, host: str = "127.0.0.1") -> list[str]:

@@ -11,6 +11,7 @@ import time
 from typing import Any
 
 from mirrorkit import tables
+from mirrorkit.exit_statuses import BAD_ARGUMENTS, OK
 
 #: The bundled models (`mirrorkit.bench.models.MODELS`), named here so that
 #: building the command line imports no TensorFlow.
@@ -100,7 +101,7 @@ def run(args: argparse.Namespace) -> int:
             raise ValueError("--steps, --repeats and --rounds must be at least 1")
     except ValueError as err:
         print(f"mirrorkit bench: {err}", file=sys.stderr)
-        return 2
+        return BAD_ARGUMENTS
     batch = args.batch_size or models.get(args.model).default_batch
     progress = sweep.stderr_progress
     started = time.time()
@@ -161,7 +162,7 @@ def run(args: argparse.Namespace) -> int:
     png = plot(results, os.path.join(out, f"bench-{args.model}.png"))
     if png:
         print(f"plot: {png}")
-    return 0
+    return OK
 
 
 def format_table(rows: list[dict[str, Any]]) -> str:

@@ -9,6 +9,9 @@ import signal
 import sys
 from collections.abc import Sequence
 
+from mirrorkit.environment_variables import TF_CPP_MIN_LOG_LEVEL
+from mirrorkit.exit_statuses import FAILED, OK
+
 
 def _info(args: argparse.Namespace) -> int:
     from mirrorkit.commands import info
@@ -17,8 +20,8 @@ def _info(args: argparse.Namespace) -> int:
     print(json.dumps(facts, indent=2) if args.json else info.format_text(facts))
     if "error" in facts["cluster"]:
         print(f"mirrorkit info: {facts['cluster']['error']}", file=sys.stderr)
-        return 1
-    return 0
+        return FAILED
+    return OK
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -72,7 +75,7 @@ def _bench(args: argparse.Namespace) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Runs the `mirrorkit` command; returns its exit code."""
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    os.environ.setdefault(TF_CPP_MIN_LOG_LEVEL, "2")
     args = build_parser().parse_args(argv)
     args.argv = list(sys.argv[2:] if argv is None else argv[1:])
     signal.signal(signal.SIGTERM, _raise_interrupt)

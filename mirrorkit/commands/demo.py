@@ -15,6 +15,7 @@ from typing import Any
 
 from mirrorkit.demo import data as data_lib
 from mirrorkit.demo import train as train_lib
+from mirrorkit.exit_statuses import BAD_ARGUMENTS, FAILED, INTERRUPTED, OK
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -102,10 +103,10 @@ def run(args: argparse.Namespace) -> int:
             (result,) = processes.run_function(_train_in_child, (config,), prefix=None)
     except processes.WorkerError as err:
         print(f"mirrorkit demo: training failed\n{err.worker_traceback}", file=sys.stderr)
-        return 1
+        return FAILED
     except KeyboardInterrupt:
         print("mirrorkit demo: interrupted", file=sys.stderr)
-        return 130
+        return INTERRUPTED
     if "error" in result:
         return _fail(result["error"])
     return _verdict(result, time.perf_counter() - start)
@@ -138,15 +139,15 @@ def _verdict(result: dict[str, Any], seconds: float) -> int:
     )
     if target is None:
         print(line, flush=True)
-        return 0
+        return OK
     reached = accuracy >= target
     print(f"{line}: {'reached' if reached else 'BELOW'} the stated {target:.2f}", flush=True)
-    return 0 if reached else 1
+    return OK if reached else FAILED
 
 
 def _fail(message: str) -> int:
     print(f"mirrorkit demo: {message}", file=sys.stderr)
-    return 2
+    return BAD_ARGUMENTS
 
 
 def _positive(text: str) -> int:

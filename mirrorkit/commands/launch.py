@@ -19,10 +19,24 @@ import time
 from collections.abc import Mapping
 
 from mirrorkit.cluster import tf_config
-from mirrorkit.faults import preemption_relay, restart, resume_point
-from mirrorkit.faults.restart import ENV as RESTART_ENV
-from mirrorkit.faults.step_timeout import ENV as HANG_ENV
-from mirrorkit.faults.step_timeout import EXIT_STATUS as WATCHDOG_EXIT
+from mirrorkit.environment_variables import (
+    MIRRORKIT_HANG_TIMEOUT,
+    MIRRORKIT_PROGRESS,
+    MIRRORKIT_RESTART,
+    SLURM_JOB_ID,
+    SLURM_STEP_ID,
+)
+from mirrorkit.exit_statuses import (
+    BAD_ARGUMENTS,
+    FAILED,
+    INTERRUPTED,
+    OK,
+    PREEMPTED,
+    STEP_HUNG,
+    TERMINATED,
+    TIMED_OUT,
+)
+from mirrorkit.faults import preemption_relay, restart
 from mirrorkit.launcher import hosts, local_job, processes
 
 
@@ -64,8 +78,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=float,
         default=None,
         help="a worker whose training step does not complete for this many seconds dumps its "
-        "Python stacks and ends the job (exit 124); read by mk.callbacks.HangWatchdog() in "
-        "the script's fit callbacks",
+        f"Python stacks and ends the job (exit {STEP_HUNG}); read by mk.callbacks.HangWatchdog() "
+        "in the script's fit callbacks",
     )
     parser.add_argument(
         "--log-dir",
@@ -154,12 +168,12 @@ def watchdog_env(hang_timeout_s: float | None):
     """`run_job`'s ``env`` for ``--hang-timeout`` (read by `mk.callbacks.HangWatchdog`)."""
     if hang_timeout_s is None:
         return None
-    return lambda _i: {HANG_ENV: repr(hang_timeout_s)}
+    return lambda _i: {MIRRORKIT_HANG_TIMEOUT: repr(hang_timeout_s)}
 
 
 def hang_note(exit_code: int, hang_timeout_s: float | None) -> str:
-    """What a worker's exit code 124 means under ``--hang-timeout``."""
-    if hang_timeout_s is None or exit_code != WATCHDOG_EXIT:
+    """What a worker's exit code `STEP_HUNG` means under ``--hang-timeout``."""
+    if hang_timeout_s is None or exit_code != STEP_HUNG:
         return ""
     return (
         f" (its hang watchdog: no training step completed for {hang_timeout_s:g} s; the "
@@ -175,8 +189,6 @@ class _Terminated(BaseException):
     """SIGTERM reached the launcher and the workers did not end within the grace period."""
 
 
-#: `mirrorkit launch`'s exit status when a SIGTERM of its own ended the job (128 + SIGTERM).
-TERMINATED_STATUS = 143
 #: Seconds the workers have after a SIGTERM to the launcher before every worker is stopped
 #: (Slurm's default KillWait between its SIGTERM and SIGKILL is 30 s).
 SIGTERM_GRACE_S = 30
@@ -186,7 +198,7 @@ def _forward_sigterm() -> None:
     """SIGTERM to the launcher goes to every worker, which gets `SIGTERM_GRACE_S` to end.
 
     A worker with `mk.PreemptionCheckpoint` saves at the next step boundary common to
-    all workers and exits with `preemption_relay.EXIT_STATUS`; a worker still running after
+    all workers and exits with `PREEMPTED`; a worker still running after
     the grace period (or at a second SIGTERM) is stopped with the rest.
     """
 
@@ -194,7 +206,7 @@ def _forward_sigterm() -> None:
         if signal.getitimer(signal.ITIMER_REAL)[0]:  # a second SIGTERM: stop now
             raise _Terminated
         _sigterm_received.append(time.monotonic())
-        workers = preemption_relay.local_workers(os.getpid(), RESTART_ENV)
+        workers = preemption_relay.local_workers(os.getpid(), MIRRORKIT_RESTART)
         local_job.say(
             f"SIGTERM: sent to {len(workers)} worker(s); waiting up to {SIGTERM_GRACE_S} s for "
             "them to end (mk.PreemptionCheckpoint saves at the next common step boundary)"
@@ -238,7 +250,7 @@ def end_slurm_step(env: Mapping[str, str], worker: int, grace_s: float = SLURM_F
     """
     if _sigterm_received:  # the step is being ended already (scancel, srun -K, a time limit)
         return
-    step = f"{env.get('SLURM_JOB_ID')}.{env.get('SLURM_STEP_ID')}"
+    step = f"{env.get(SLURM_JOB_ID)}.{env.get(SLURM_STEP_ID)}"
     signal.signal(signal.SIGTERM, signal.SIG_IGN)  # this launcher is a task of the step too
     time.sleep(grace_s)
     try:
@@ -271,15 +283,15 @@ def run(args: argparse.Namespace) -> int:
             "of seconds; give the longest a training step may take, e.g. --hang-timeout 600.",
             file=sys.stderr,
         )
-        return 2
+        return BAD_ARGUMENTS
     if args.max_restarts < 0:
         print(f"mirrorkit launch: --max-restarts {args.max_restarts} must be >= 0", file=sys.stderr)
-        return 2
+        return BAD_ARGUMENTS
     try:
         job = layout(args)
     except ValueError as err:
         print(f"mirrorkit launch: {err}", file=sys.stderr)
-        return 2
+        return BAD_ARGUMENTS
     if not args.module and not os.path.isfile(args.target):
         print(
             f"mirrorkit launch: script {args.target!r} does not exist (working directory "
@@ -287,7 +299,7 @@ def run(args: argparse.Namespace) -> int:
             "-m MODULE for a module.",
             file=sys.stderr,
         )
-        return 2
+        return BAD_ARGUMENTS
 
     target = ["-m", args.target] if args.module else [args.target]
     ranks = job.local_ranks
@@ -314,8 +326,8 @@ def run(args: argparse.Namespace) -> int:
             tf_startup_logs=args.tf_startup_logs,
             wording=local_job.FLAGS,
             env=lambda i: {
-                RESTART_ENV: str(attempt),
-                resume_point.ENV: progress_file,
+                MIRRORKIT_RESTART: str(attempt),
+                MIRRORKIT_PROGRESS: progress_file,
                 **(hang(i) if hang else {}),
             },
         )
@@ -327,7 +339,7 @@ def run(args: argparse.Namespace) -> int:
         try:
             run_once(attempt)
         except processes.WorkerError as err:
-            if err.exit_code == preemption_relay.EXIT_STATUS:
+            if err.exit_code == PREEMPTED:
                 raise preemption_relay.Preempted(job.first_rank + err.worker) from None
             raise
 
@@ -348,7 +360,7 @@ def run(args: argparse.Namespace) -> int:
             )
     except preemption_relay.Preempted as err:
         local_job.say(str(err))
-        return preemption_relay.EXIT_STATUS
+        return PREEMPTED
     except processes.WorkerError as err:
         worker = job.first_rank + err.worker
         local_job.say(
@@ -359,19 +371,19 @@ def run(args: argparse.Namespace) -> int:
         )
         if job.slurm:
             end_slurm_step(os.environ, worker)
-        return err.exit_code if 0 < err.exit_code < 256 else 1
+        return err.exit_code if 0 < err.exit_code < 256 else FAILED
     except TimeoutError as err:
         local_job.say(str(err))
-        return 124
+        return TIMED_OUT
     except KeyboardInterrupt:
         local_job.say("interrupted; every worker was stopped")
-        return 130
+        return INTERRUPTED
     except _Terminated:
         local_job.say(
             f"SIGTERM: the workers had not ended {SIGTERM_GRACE_S} s after it (or a second "
             "SIGTERM came); every worker was stopped"
         )
-        return TERMINATED_STATUS
+        return TERMINATED
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
-    return 0
+    return OK

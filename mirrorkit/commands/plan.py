@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import sys
+
+from mirrorkit.exit_statuses import BAD_ARGUMENTS, FAILED, OK
 
 #: The bundled models' names (``sorted(mirrorkit.bench.models.MODELS)``, checked by a test),
 #: spelled out so that building the CLI imports no Keras or TensorFlow.
@@ -24,7 +27,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Plans the model's memory per replica and prints the plan."""
+    """Plans the model's memory per replica and prints the plan; returns the exit status.
+
+    `OK` when the plan fits, `FAILED` when it does not, `BAD_ARGUMENTS` (nothing planned)
+    for a batch or a device memory that is not a positive integer.
+    """
     import numpy as np
 
     from mirrorkit.bench import models
@@ -33,9 +40,14 @@ def run(args: argparse.Namespace) -> int:
     spec = models.get(args.model)
     batch = args.batch if args.batch is not None else spec.default_batch
     if batch < 1:
-        raise SystemExit(f"mirrorkit plan: --batch must be a positive integer; got {batch}")
+        print(f"mirrorkit plan: --batch must be a positive integer; got {batch}", file=sys.stderr)
+        return BAD_ARGUMENTS
     if args.device_mib is not None and args.device_mib < 1:
-        raise SystemExit(f"mirrorkit plan: --device-mib must be positive; got {args.device_mib}")
+        print(
+            f"mirrorkit plan: --device-mib must be a positive integer; got {args.device_mib}",
+            file=sys.stderr,
+        )
+        return BAD_ARGUMENTS
     x, y = models.synthetic_example(spec)
     name = args.model
     plan = plan_memory(
@@ -45,4 +57,4 @@ def run(args: argparse.Namespace) -> int:
         example=(np.asarray(x), np.asarray(y)),
     )
     print(f"{name}: {plan}")
-    return 0 if plan.fits is not False else 1
+    return OK if plan.fits is not False else FAILED

@@ -21,7 +21,8 @@ can report or stop the wait. This process can:
 
 SPEC is one JSON object: ``parent`` (pid), ``timeout`` (s), ``every`` (s),
 ``tasks`` ([[rank, "host:port"], ...], the peers, not this task), ``rank``
-(this task's), ``chief`` (whether to print the progress lines), ``wakeup``
+(this task's), ``chief`` (whether to print the progress lines), ``status``
+(the parent's exit status once SIGKILLed, for the messages), ``wakeup``
 (the read end of the parent's wakeup descriptor, inherited; optional).
 """
 
@@ -89,12 +90,11 @@ def _end(parent: int, text: str) -> None:
         os.kill(parent, signal.SIGKILL)
     except ProcessLookupError:
         pass
-    sys.exit(0)
 
 
 def main(spec: dict) -> None:
     parent, timeout, every = spec["parent"], float(spec["timeout"]), float(spec["every"])
-    tasks, rank, chief = spec["tasks"], spec["rank"], spec["chief"]
+    tasks, rank, chief, status = spec["tasks"], spec["rank"], spec["chief"], spec["status"]
     for number in _WATCHED:
         signal.signal(number, lambda n, _frame: _caught.append(n))
     signal.pthread_sigmask(signal.SIG_UNBLOCK, _WATCHED)  # exec keeps the parent's mask
@@ -116,8 +116,9 @@ def main(spec: dict) -> None:
             _end(
                 parent,
                 f"{signal_name} received while worker {rank} waited for its peers to start; "
-                f"stopped the wait after {time.monotonic() - start:.0f} s (exit status 137).",
+                f"stopped the wait after {time.monotonic() - start:.0f} s (exit status {status}).",
             )
+            return
         now = time.monotonic()
         if now - start >= timeout:
             missing = _missing(tasks)
@@ -133,8 +134,9 @@ def main(spec: dict) -> None:
                 "the Slurm step) was started, that each host:port is right and reachable from "
                 "this host (no typo, no firewall), and that every task uses the same cluster "
                 "spec. Raise startup_timeout_s (--startup_timeout) if the workers start slowly. "
-                "This process was stopped (exit status 137).",
+                f"This process was stopped (exit status {status}).",
             )
+            return
         if now >= next_report:
             next_report += every
             if chief:

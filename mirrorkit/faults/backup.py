@@ -39,6 +39,7 @@ import keras
 
 from mirrorkit import internals
 from mirrorkit.cluster import chief
+from mirrorkit.environment_variables import MIRRORKIT_PROGRESS
 from mirrorkit.faults import backup_pair, resume_point
 
 
@@ -74,7 +75,7 @@ def resumable(backup_dir: str) -> keras.callbacks.BackupAndRestore:
         str(backup_dir), save_freq="epoch", double_checkpoint=True
     )
     backup_pair.make_atomic(callback)
-    path = os.environ.get(resume_point.ENV)
+    path = os.environ.get(MIRRORKIT_PROGRESS)
     if path and chief.is_chief():
         _record_progress(callback, path)
     return callback

@@ -12,7 +12,8 @@ pending. The helper:
 - on the chief, says every few seconds which tasks are not up yet (rank and
   ``host:port``);
 - after ``startup_timeout_s`` prints an error naming the tasks that never came
-  up and what to check, and ends this process (exit status 137: SIGKILL, the
+  up and what to check, and ends this process (exit status 137,
+  `mirrorkit.exit_statuses.STARTUP_STOPPED`: SIGKILL, the
   one signal TensorFlow cannot catch during the wait);
 - on SIGTERM or Ctrl-C during the wait does the same at once.
 
@@ -50,13 +51,12 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from mirrorkit.cluster import cluster_info
+from mirrorkit.exit_statuses import STARTUP_STOPPED
 
 #: Default `mk.strategy(startup_timeout_s=...)`: ten minutes.
 DEFAULT_TIMEOUT_S = 600.0
 #: Seconds between the chief's "waiting for" lines.
 REPORT_EVERY_S = 5.0
-#: Exit status of a process the watcher ended (killed by SIGKILL).
-EXIT_STATUS = 137
 
 _SIGNALS = {signal.SIGTERM, signal.SIGINT}
 
@@ -139,6 +139,7 @@ def watch(
         ],
         "rank": info.worker_index,
         "chief": info.is_chief,
+        "status": STARTUP_STOPPED,  # what its messages say this process ends with
     }
     # Python's C-level handler writes the number of each signal it catches (SIGINT) to the
     # wakeup descriptor, from whichever thread the kernel chose, while TensorFlow holds the GIL

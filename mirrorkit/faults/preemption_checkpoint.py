@@ -10,7 +10,7 @@ callback adds what Keras's ``fit`` needs from it:
 - the check runs before each training step, so the checkpoint holds the
   weights, the optimizer and the count of the steps completed, all at the same
   step boundary on every worker; then every worker exits with status
-  `EXIT_STATUS` (42), and `mirrorkit launch` ends with it, saying so;
+  `mirrorkit.exit_statuses.PREEMPTED` (42), and `mirrorkit launch` ends with it, saying so;
 - the next run restores the checkpoint and resumes at that epoch *and step*:
   the steps already done in that epoch are read from the input but not trained
   (the batches are drawn and dropped), so the remaining steps see the same
@@ -51,10 +51,11 @@ import tensorflow as tf
 
 from mirrorkit import internals
 from mirrorkit.cluster import chief, workers
-from mirrorkit.faults.preemption_relay import EXIT_STATUS, Preempted, local_workers
+from mirrorkit.exit_statuses import PREEMPTED
+from mirrorkit.faults.preemption_relay import Preempted, local_workers
 from mirrorkit.pipeline import epoch_order
 
-__all__ = ["EXIT_STATUS", "PreemptionCheckpoint", "Preempted", "local_workers"]
+__all__ = ["PreemptionCheckpoint", "Preempted", "local_workers"]
 
 
 class PreemptionCheckpoint(keras.callbacks.Callback):
@@ -301,7 +302,7 @@ class PreemptionCheckpoint(keras.callbacks.Callback):
         chief.print(
             f"mirrorkit: preempted (SIGTERM): checkpoint saved in {self.checkpoint_dir} at epoch "
             f"{int(self._epoch.numpy()) + 1} step {int(self._step.numpy())}; exiting with status "
-            f"{EXIT_STATUS}. Run the same command again to resume."
+            f"{PREEMPTED}. Run the same command again to resume."
         )
         sys.stdout.flush()
-        sys.exit(EXIT_STATUS)
+        sys.exit(PREEMPTED)

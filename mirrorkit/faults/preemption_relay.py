@@ -1,4 +1,4 @@
-"""The launcher's side of a preemption: the exit status, the workers to signal, the error.
+"""The launcher's side of a preemption: the workers to signal, and the error.
 
 Kept apart from `mirrorkit.faults.preemption_checkpoint` (the Keras callback) so that
 `mirrorkit launch` needs neither Keras nor TensorFlow in its own process.
@@ -8,9 +8,7 @@ from __future__ import annotations
 
 import os
 
-#: Exit status of a worker that saved its checkpoint on SIGTERM (TensorFlow's own choice
-#: for multi-worker jobs outside Google's platforms, kept).
-EXIT_STATUS = 42
+from mirrorkit.exit_statuses import PREEMPTED
 
 
 def local_workers(launcher: int, marker: str) -> list[int]:
@@ -46,12 +44,12 @@ def local_workers(launcher: int, marker: str) -> list[int]:
 
 
 class Preempted(Exception):
-    """`mirrorkit launch`: a worker exited with `EXIT_STATUS` after a preemption checkpoint."""
+    """`mirrorkit launch`: a worker exited with `PREEMPTED` after a preemption checkpoint."""
 
     def __init__(self, worker: int):
         self.worker = worker
         super().__init__(
             f"worker {worker} was preempted (SIGTERM): every worker saved the preemption "
-            f"checkpoint at the same step and exited with status {EXIT_STATUS}. Run the same "
+            f"checkpoint at the same step and exited with status {PREEMPTED}. Run the same "
             "command again to resume from it."
         )

@@ -28,8 +28,6 @@ from collections.abc import Callable
 from mirrorkit.faults import resume_point
 from mirrorkit.launcher.processes import WorkerError
 
-#: Environment variable holding the attempt number (0: the first launch).
-ENV = "MIRRORKIT_RESTART"
 #: What a restart does, said after each: a job on one host, and on several.
 ONE_HOST = "Every worker was stopped and the whole job starts again on fresh ports"
 MULTI_HOST = (

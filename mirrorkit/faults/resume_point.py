@@ -17,9 +17,6 @@ import mmap
 import os
 import struct
 
-#: Environment variable naming the progress file the chief writes.
-ENV = "MIRRORKIT_PROGRESS"
-
 
 @dataclasses.dataclass(frozen=True)
 class Position:

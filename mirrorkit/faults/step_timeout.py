@@ -6,16 +6,17 @@ no timeout, which is always the case for single-host MirroredStrategy) hangs a
 job forever. `Watchdog` notes each completed step; when none completes for
 ``hang_timeout_s`` it says which worker stopped, in which step, dumps the
 Python stacks of every thread (`faulthandler`) to stderr (the worker's log) and
-ends the process with `EXIT_STATUS`.
+ends the process with `mirrorkit.exit_statuses.STEP_HUNG`.
 
 Two layers, because a step blocked inside TensorFlow's C++ runtime may hold
 the GIL:
 
 - a Python thread checks every second and writes the message naming the step
-  and the stacks, then ``os._exit(EXIT_STATUS)``;
+  and the stacks, then ``os._exit(STEP_HUNG)``;
 - `faulthandler.dump_traceback_later` (a C thread that needs no GIL), re-armed
   at every step ``BACKSTOP_S`` seconds after the first, dumps the stacks and
-  exits with status 1 if the Python thread could not run.
+  exits with status 1 (`FAILED`: faulthandler's own) if the Python thread could
+  not run.
 
 Standard library only: the callback `mirrorkit.callbacks.HangWatchdog` drives it.
 """
@@ -28,10 +29,8 @@ import sys
 import threading
 import time
 
-#: Exit status of a worker the watchdog ended (as coreutils' ``timeout``).
-EXIT_STATUS = 124
-#: Environment variable `mirrorkit launch --hang-timeout S` sets on every worker.
-ENV = "MIRRORKIT_HANG_TIMEOUT"
+from mirrorkit.exit_statuses import STEP_HUNG
+
 #: Seconds after ``hang_timeout_s`` at which the C backstop fires.
 BACKSTOP_S = 15.0
 #: Seconds a worker waits after its dump before it exits, so that its peers,
@@ -111,7 +110,7 @@ class Watchdog:
             f"mirrorkit: {self.worker} completed no training step for {idle:.0f} s "
             f"(hang_timeout_s={self.hang_timeout_s:g}); it is stuck in {self._where} "
             f"({self._completed} step(s) completed in this fit). Python stacks of every "
-            f"thread follow; this process ends with exit status {EXIT_STATUS}. A worker "
+            f"thread follow; this process ends with exit status {STEP_HUNG}. A worker "
             "waiting inside a step usually waits for a peer that is stuck elsewhere: compare "
             "the workers' steps and stacks.\n"
         )
@@ -119,4 +118,4 @@ class Watchdog:
         faulthandler.dump_traceback(file=sys.stderr, all_threads=True)
         sys.stderr.flush()
         time.sleep(LINGER_S)
-        os._exit(EXIT_STATUS)
+        os._exit(STEP_HUNG)

@@ -12,6 +12,7 @@ from typing import Any
 from absl import flags
 
 from mirrorkit.cluster import cluster_info
+from mirrorkit.environment_variables import TF_CONFIG
 
 #: ``--distribution_strategy`` values: mk.strategy's kinds and their aliases.
 KINDS = (
@@ -219,7 +220,7 @@ def cluster_conflict(fv: flags.FlagValues, env: Mapping[str, str]) -> str | None
         outside = cluster_info.from_environment(env)
     except ValueError as err:
         return f"--worker_hosts is set and the environment's cluster is malformed: {err}"
-    if outside.source == "TF_CONFIG":
+    if outside.source == TF_CONFIG:
         if list(outside.addresses) != list(hosts):
             return (
                 f"--worker_hosts {','.join(hosts)} differs from TF_CONFIG's workers "

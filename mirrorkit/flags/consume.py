@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 from absl import flags
 
 from mirrorkit.cluster import chief, cluster_info
+from mirrorkit.environment_variables import TF_CONFIG
 from mirrorkit.flags.checks import cluster_conflict, combination_problem, given, tf_config
 
 if TYPE_CHECKING:
@@ -29,9 +30,9 @@ def apply_cluster_flags(flag_values: flags.FlagValues = flags.FLAGS) -> str | No
     if not hosts:
         return None
     text = tf_config(hosts, flag_values["task_index"].value or 0)
-    if os.environ.get("TF_CONFIG", "").strip():
-        return os.environ["TF_CONFIG"]  # agrees with the flags (checked above)
-    os.environ["TF_CONFIG"] = text
+    if os.environ.get(TF_CONFIG, "").strip():
+        return os.environ[TF_CONFIG]  # agrees with the flags (checked above)
+    os.environ[TF_CONFIG] = text
     chief.say_once("tf-config-flags", f"TF_CONFIG from --worker_hosts/--task_index: {text}")
     return text
 

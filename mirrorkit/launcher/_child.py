@@ -12,6 +12,8 @@ import traceback
 
 import cloudpickle
 
+from mirrorkit.exit_statuses import FAILED, OK
+
 
 def main(payload: str, result: str) -> int:
     """Runs the pickled call; returns the process exit code."""
@@ -19,11 +21,11 @@ def main(payload: str, result: str) -> int:
         with open(payload, "rb") as f:
             fn, args = cloudpickle.load(f)
         outcome = ("ok", fn(*args))
-        code = 0
+        code = OK
     except BaseException:  # noqa: BLE001 - every failure goes back to the parent
         text = traceback.format_exc()
         sys.stderr.write(text)
-        outcome, code = ("error", text), 1
+        outcome, code = ("error", text), FAILED
     sys.stdout.flush()
     sys.stderr.flush()
     try:
@@ -43,7 +45,7 @@ def main(payload: str, result: str) -> int:
         sys.stderr.write(text + "\n")
         with open(result, "wb") as f:
             cloudpickle.dump(("error", text), f)
-        code = 1
+        code = FAILED
     return code
 
 

@@ -14,6 +14,8 @@ import os
 import signal
 import sys
 
+from mirrorkit.exit_statuses import BAD_ARGUMENTS, FAILED
+
 _PR_SET_PDEATHSIG = 1
 
 
@@ -27,7 +29,7 @@ def _die_with_parent() -> None:
     except (OSError, AttributeError):
         return
     if os.getppid() != parent:  # the parent died before prctl took effect
-        os._exit(1)
+        os._exit(FAILED)
 
 
 def main(argv: list[str]) -> None:
@@ -37,7 +39,9 @@ def main(argv: list[str]) -> None:
         cpus = {int(c) for c in argv[1].split(",")}
         argv = argv[2:]
     if argv[:1] != ["--"] or len(argv) < 2:
-        sys.exit("usage: python -m mirrorkit.launcher._exec [--cpus 0,1] -- COMMAND...")
+        usage = "usage: python -m mirrorkit.launcher._exec [--cpus 0,1] -- COMMAND..."
+        print(usage, file=sys.stderr)
+        sys.exit(BAD_ARGUMENTS)
     command = argv[1:]
     _die_with_parent()
     if cpus is not None:

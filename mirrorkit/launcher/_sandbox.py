@@ -12,6 +12,8 @@ import json
 import signal
 import sys
 
+from mirrorkit.exit_statuses import FAILED, OK
+
 
 def _interrupt(signum, frame):
     raise KeyboardInterrupt
@@ -50,7 +52,7 @@ def main(spec_path: str, result_path: str) -> int:
         outcome = {"status": "interrupted"}
     with open(result_path, "w") as f:
         json.dump(outcome, f)
-    return 0 if outcome["status"] == "ok" else 1
+    return OK if outcome["status"] == "ok" else FAILED
 
 
 if __name__ == "__main__":

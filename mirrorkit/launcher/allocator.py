@@ -21,11 +21,18 @@ from __future__ import annotations
 import os
 import platform
 
+from mirrorkit.environment_variables import (
+    GLIBC_TUNABLES,
+    MALLOC_MMAP_THRESHOLD_,
+    MALLOC_TOP_PAD_,
+    MALLOC_TRIM_THRESHOLD_,
+)
+
 #: glibc malloc settings given to every local worker (bytes).
 MALLOC_ENV = {
-    "MALLOC_MMAP_THRESHOLD_": str(32 * 2**20),
-    "MALLOC_TRIM_THRESHOLD_": str(2**30),
-    "MALLOC_TOP_PAD_": str(64 * 2**20),
+    MALLOC_MMAP_THRESHOLD_: str(32 * 2**20),
+    MALLOC_TRIM_THRESHOLD_: str(2**30),
+    MALLOC_TOP_PAD_: str(64 * 2**20),
 }
 
 
@@ -46,7 +53,7 @@ def malloc_env(environ: dict[str, str] | None = None) -> dict[str, str]:
     if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
         return {}
     if any(name in environ for name in MALLOC_ENV) or "glibc.malloc" in environ.get(
-        "GLIBC_TUNABLES", ""
+        GLIBC_TUNABLES, ""
     ):
         return {}
     return dict(MALLOC_ENV)

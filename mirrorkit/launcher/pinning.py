@@ -11,6 +11,12 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 
+from mirrorkit.environment_variables import (
+    OMP_NUM_THREADS,
+    TF_NUM_INTEROP_THREADS,
+    TF_NUM_INTRAOP_THREADS,
+)
+
 
 def available_cpus() -> list[int] | None:
     """The CPUs this process may run on, or None where affinity is not supported."""
@@ -64,9 +70,9 @@ def thread_env(num_cpus: int) -> dict[str, str]:
     ```
     """
     return {
-        "TF_NUM_INTRAOP_THREADS": str(num_cpus),
-        "TF_NUM_INTEROP_THREADS": str(max(2, num_cpus)),
-        "OMP_NUM_THREADS": str(num_cpus),
+        TF_NUM_INTRAOP_THREADS: str(num_cpus),
+        TF_NUM_INTEROP_THREADS: str(max(2, num_cpus)),
+        OMP_NUM_THREADS: str(num_cpus),
     }
 
 

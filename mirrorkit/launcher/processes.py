@@ -24,6 +24,7 @@ from typing import Any, BinaryIO, TextIO
 
 import cloudpickle
 
+from mirrorkit.environment_variables import PYTHONPATH, PYTHONUNBUFFERED, TF_CPP_MIN_LOG_LEVEL
 from mirrorkit.launcher import allocator, pinning, tf_noise
 
 #: Output lines of each worker kept for the error message of a failed worker.
@@ -252,11 +253,11 @@ def _run_in_private_network(
 def _start(command: Sequence[str], extra_env: Mapping[str, str]) -> subprocess.Popen:
     env = dict(os.environ)
     env.update(extra_env)
-    env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    env["PYTHONUNBUFFERED"] = "1"
+    env.setdefault(TF_CPP_MIN_LOG_LEVEL, "2")
+    env[PYTHONUNBUFFERED] = "1"
     # The child sees the same modules as the caller (tests, a notebook's cwd).
     paths = [p or os.getcwd() for p in sys.path]
-    env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(paths))
+    env[PYTHONPATH] = os.pathsep.join(dict.fromkeys(paths))
     return subprocess.Popen(
         list(command),
         env=env,

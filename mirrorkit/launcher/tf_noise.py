@@ -33,8 +33,7 @@ import os
 import re
 from collections.abc import Iterator
 
-#: Set to 1 to keep TensorFlow's start-up lines in worker output.
-ENV_KEEP = "MIRRORKIT_TF_STARTUP_LOGS"
+from mirrorkit.environment_variables import MIRRORKIT_TF_STARTUP_LOGS
 
 # absl's header ("I0000 00:00:1796015185.799183    5311 file.cc:31] ") and the
 # older TensorFlow one ("2024-05-01 12:00:00.123456: I tensorflow/core/file.cc:31] ").
@@ -104,7 +103,8 @@ def is_startup_line(line: str) -> bool:
 
 def keep_startup_lines() -> bool:
     """Whether this launch keeps the start-up lines (``MIRRORKIT_TF_STARTUP_LOGS=1``)."""
-    return os.environ.get(ENV_KEEP, "").strip().lower() in ("1", "true", "yes", "on")
+    value = os.environ.get(MIRRORKIT_TF_STARTUP_LOGS, "")
+    return value.strip().lower() in ("1", "true", "yes", "on")
 
 
 @contextlib.contextmanager
@@ -119,12 +119,12 @@ def keeping(keep: bool) -> Iterator[None]:
     if not keep:
         yield
         return
-    before = os.environ.get(ENV_KEEP)
-    os.environ[ENV_KEEP] = "1"
+    before = os.environ.get(MIRRORKIT_TF_STARTUP_LOGS)
+    os.environ[MIRRORKIT_TF_STARTUP_LOGS] = "1"
     try:
         yield
     finally:
         if before is None:
-            os.environ.pop(ENV_KEEP, None)
+            os.environ.pop(MIRRORKIT_TF_STARTUP_LOGS, None)
         else:
-            os.environ[ENV_KEEP] = before
+            os.environ[MIRRORKIT_TF_STARTUP_LOGS] = before

@@ -13,10 +13,11 @@ import io
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from mirrorkit.environment_variables import CUDA_VISIBLE_DEVICES, TF_CONFIG, TF_CPP_MIN_LOG_LEVEL
 from mirrorkit.scale.equivalence_report import EquivalenceReport
 
 #: Environment of the training processes: CPU replicas only, quiet.
-_CHILD_ENV = {"CUDA_VISIBLE_DEVICES": "", "TF_CPP_MIN_LOG_LEVEL": "2"}
+_CHILD_ENV = {CUDA_VISIBLE_DEVICES: "", TF_CPP_MIN_LOG_LEVEL: "2"}
 
 
 def check_equivalence(
@@ -177,7 +178,7 @@ def _train_here(pickled_model_fn, x, y, replicas, steps, batch_size, initial) ->
     """In a fresh process: train on `replicas` CPU replicas; return weights by path."""
     import os
 
-    os.environ.pop("TF_CONFIG", None)  # one process, even when called from a worker
+    os.environ.pop(TF_CONFIG, None)  # one process, even when called from a worker
     import cloudpickle
     import numpy as np
     import tensorflow as tf

@@ -20,16 +20,24 @@ import os
 from collections.abc import Callable
 from typing import Any
 
+from mirrorkit.environment_variables import (
+    CUDA_VISIBLE_DEVICES,
+    MALLOC_MMAP_THRESHOLD_,
+    MALLOC_TOP_PAD_,
+    MALLOC_TRIM_THRESHOLD_,
+    TF_CPP_MIN_LOG_LEVEL,
+)
+
 #: glibc's own malloc thresholds, set explicitly in the measuring process: the launcher's
 #: workers keep freed memory for reuse (`mirrorkit.launcher.allocator`), and then a step's
 #: memory reuses pages already counted and the peak RSS does not grow; with these, blocks of
 #: 128 KiB and more are mapped and unmapped as they are used, so RSS growth measures them.
 MEASURE_ENV = {
-    "MALLOC_MMAP_THRESHOLD_": "131072",
-    "MALLOC_TRIM_THRESHOLD_": "131072",
-    "MALLOC_TOP_PAD_": "131072",
+    MALLOC_MMAP_THRESHOLD_: "131072",
+    MALLOC_TRIM_THRESHOLD_: "131072",
+    MALLOC_TOP_PAD_: "131072",
 }
-_CHILD_ENV = {"CUDA_VISIBLE_DEVICES": "", "TF_CPP_MIN_LOG_LEVEL": "2", **MEASURE_ENV}
+_CHILD_ENV = {CUDA_VISIBLE_DEVICES: "", TF_CPP_MIN_LOG_LEVEL: "2", **MEASURE_ENV}
 #: The share of device memory a plan may use; the rest is the runtime's own.
 USABLE_SHARE = 0.9
 

@@ -16,6 +16,7 @@ import tensorflow as tf
 
 from mirrorkit import compat
 from mirrorkit.cluster import chief, legacy_keras, platforms
+from mirrorkit.environment_variables import TF_CONFIG
 from mirrorkit.faults import peer_wait
 from mirrorkit.strategies import allreduce, arguments, current, kinds, tf_logging, topology
 from mirrorkit.strategies import devices as devices_lib
@@ -117,7 +118,7 @@ def strategy(
         all_reduce,
         bucket_mb,
         timeout_s,
-        os.environ.get("TF_CONFIG", ""),
+        os.environ.get(TF_CONFIG, ""),
     )
     made = current.lookup(key)
     if made is not None:

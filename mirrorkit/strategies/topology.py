@@ -14,6 +14,7 @@ import tensorflow as tf
 
 from mirrorkit import tables
 from mirrorkit.cluster import chief, cluster_info, slurm, workers
+from mirrorkit.environment_variables import TF_CONFIG
 from mirrorkit.strategies import allreduce, current
 from mirrorkit.strategies.devices import compact_devices, short_device
 
@@ -184,7 +185,7 @@ def plan_auto(cpu_replicas: int | None = None, num_gpus: int | None = None) -> A
     if outside:
         chief.say_once("slurm-outside-step", outside)
     if info.is_multi_worker:
-        where = "TF_CONFIG" if info.source == "TF_CONFIG" else "the Slurm step"
+        where = TF_CONFIG if info.source == TF_CONFIG else "the Slurm step"
         if cpu_replicas is not None and cpu_replicas > 1:
             chief.say_once(
                 "cpu-replicas-ignored-multi-worker",

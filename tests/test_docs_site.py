@@ -176,12 +176,19 @@ def test_the_keras_io_counts_are_the_ports():
     assert f"{NUMBERS[len(counts)].capitalize()} keras.io examples" in page
     said = f"{min(new)} to {max(new)} new lines, plus {min(indented)} to {max(indented)} only"
     assert said in page
+    batched = ("image_dataset_from_directory", "text_dataset_from_directory")
+    batched += ("timeseries_dataset_from_array", "FeatureSpace")
+    ports = [p for p in (ROOT / "tests" / "keras_io").glob("*.py") if p.name != "__init__.py"]
+    using = [p.name for p in ports if any(name in p.read_text() for name in batched)]
+    inputs = _words((DOCS / "inputs.md").read_text())
+    assert f"{NUMBERS[len(using)]} keras.io examples" in inputs, using
 
 
 def test_the_notebooks_page_names_every_notebook():
     notebooks = sorted(p.name for p in (ROOT / "notebooks").glob("*.ipynb"))
     page = (DOCS / "notebook.md").read_text()
     assert f"holds {NUMBERS[len(notebooks)]} short notebooks" in _words(page)
+    assert f"holds {NUMBERS[len(notebooks)]} notebooks" in _words(README.read_text())
     nav = (ROOT / "mkdocs.yml").read_text()
     for name in notebooks:
         assert f"(notebooks/{name})" in page and f"notebooks/{name}" in nav, name

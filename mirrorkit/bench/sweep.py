@@ -13,7 +13,6 @@ import json
 import os
 import socket
 import statistics
-import subprocess
 import sys
 import tempfile
 from collections.abc import Callable, Sequence
@@ -29,7 +28,7 @@ from mirrorkit.environment_variables import (
     TF_NUM_INTEROP_THREADS,
     TF_NUM_INTRAOP_THREADS,
 )
-from mirrorkit.launcher import local_job, pinning
+from mirrorkit.launcher import local_job, pinning, plain_processes
 
 
 def cores_for(workers: int, cores_per_worker: int | None) -> list[list[int]] | None:
@@ -247,31 +246,17 @@ def raw_job(
     code = "from mirrorkit.bench.measure import raw_worker_main; raw_worker_main()"
     with tempfile.TemporaryDirectory() as tmp:
         outs = [os.path.join(tmp, f"worker-{i}.json") for i in range(workers)]
-        logs = [open(os.path.join(tmp, f"worker-{i}.log"), "w+") for i in range(workers)]
-        procs = []
-        try:
-            for i in range(workers):
-                env = dict(base, TF_CPP_MIN_LOG_LEVEL="3")
-                env[TF_CONFIG] = json.dumps(
-                    {"cluster": cluster, "task": {"type": "worker", "index": i}}
-                )
-                argv = [sys.executable, "-c", code, outs[i], model]
-                argv += [str(per_replica_batch), str(steps), str(repeats)]
-                procs.append(
-                    subprocess.Popen(argv, env=env, stdout=logs[i], stderr=subprocess.STDOUT)
-                )
-            for i, proc in enumerate(procs):
-                if proc.wait(timeout=timeout_s) != 0:
-                    logs[i].seek(0)
-                    tail = logs[i].read()[-3000:]
-                    raise RuntimeError(f"raw worker {i} exited {proc.returncode}:\n{tail}")
-        finally:
-            for proc in procs:
-                if proc.poll() is None:
-                    proc.kill()
-                    proc.wait()
-            for log in logs:
-                log.close()
+        argvs, envs = [], []
+        for i in range(workers):
+            env = dict(base, TF_CPP_MIN_LOG_LEVEL="3")
+            env[TF_CONFIG] = json.dumps(
+                {"cluster": cluster, "task": {"type": "worker", "index": i}}
+            )
+            argv = [sys.executable, "-c", code, outs[i], model]
+            argv += [str(per_replica_batch), str(steps), str(repeats)]
+            argvs.append(argv)
+            envs.append(env)
+        plain_processes.run_plain_workers(argvs, envs, timeout_s)
         with open(outs[0]) as f:
             return json.load(f)
 

@@ -12,7 +12,6 @@ import argparse
 import contextlib
 import os
 import signal
-import subprocess
 import sys
 import tempfile
 import time
@@ -37,7 +36,7 @@ from mirrorkit.exit_statuses import (
     TIMED_OUT,
 )
 from mirrorkit.faults import preemption_relay, restart
-from mirrorkit.launcher import hosts, local_job, processes
+from mirrorkit.launcher import hosts, local_job, plain_processes, processes
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -253,13 +252,7 @@ def end_slurm_step(env: Mapping[str, str], worker: int, grace_s: float = SLURM_F
     step = f"{env.get(SLURM_JOB_ID)}.{env.get(SLURM_STEP_ID)}"
     signal.signal(signal.SIGTERM, signal.SIG_IGN)  # this launcher is a task of the step too
     time.sleep(grace_s)
-    try:
-        done = subprocess.run(
-            ["scancel", "--signal=TERM", step], capture_output=True, text=True, timeout=30
-        )
-        why = done.stderr.strip() or f"exit status {done.returncode}" if done.returncode else ""
-    except (OSError, subprocess.TimeoutExpired) as err:
-        why = str(err)
+    why = plain_processes.run_scancel(step, "TERM")
     if "Invalid job id" in why:  # every other task had ended: nothing is left to stop
         return
     if why:

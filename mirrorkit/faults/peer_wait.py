@@ -5,7 +5,8 @@ runtime until every task of the cluster has started, and it waits holding the
 GIL, with SIGTERM caught by TensorFlow's preemption notifier: no Python thread,
 signal handler or TensorFlow option ends that wait (measured on TF 2.21). So
 `watch` runs the watcher in a small helper process without TensorFlow
-(`mirrorkit.faults._peer_wait_watcher`) for exactly as long as the constructor runs, and
+(`mirrorkit.faults._peer_wait_watcher`, started by
+`mirrorkit.launcher.plain_processes`) for exactly as long as the constructor runs, and
 blocks SIGTERM and SIGINT in this thread meanwhile so that the helper sees them
 pending. The helper:
 
@@ -41,17 +42,14 @@ Once the constructor returns, the helper exits and the signals are unblocked.
 from __future__ import annotations
 
 import contextlib
-import json
 import math
 import os
 import signal
-import subprocess
-import sys
 from collections.abc import Iterator
-from pathlib import Path
 
 from mirrorkit.cluster import cluster_info
 from mirrorkit.exit_statuses import STARTUP_STOPPED
+from mirrorkit.launcher import plain_processes
 
 #: Default `mk.strategy(startup_timeout_s=...)`: ten minutes.
 DEFAULT_TIMEOUT_S = 600.0
@@ -149,28 +147,13 @@ def watch(
     before = signal.pthread_sigmask(signal.SIG_BLOCK, _SIGNALS)
     previous_wakeup = signal.set_wakeup_fd(wakeup_write, warn_on_full_buffer=False)
     try:
-        helper = subprocess.Popen(
-            [
-                sys.executable,
-                "-I",
-                str(Path(__file__).with_name("_peer_wait_watcher.py")),
-                json.dumps(spec),
-            ],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.DEVNULL,
-            pass_fds=(wakeup,),
-        )
+        helper = plain_processes.start_peer_wait_watcher(spec, wakeup)
     finally:
         os.close(wakeup)
     try:
         yield
     finally:
-        helper.stdin.close()  # the helper exits at end of input
-        try:
-            helper.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            helper.kill()
-            helper.wait()
+        plain_processes.end_peer_wait_watcher(helper)  # it exits at end of input
         signal.set_wakeup_fd(previous_wakeup)
         os.close(wakeup_write)
         signal.pthread_sigmask(signal.SIG_SETMASK, before)

@@ -120,3 +120,361 @@ def test_a_command_error_goes_to_stderr(capsys):
     said = capsys.readouterr()
     assert said.out == ""
     assert "mirrorkit bench: --replicas counts must be positive" in said.err
+
+
+# Private internals and processes: where each may be touched (docs/ARCHITECTURE.md).
+
+PRIVATE_MODULES = ("keras.src", "tensorflow.python")
+INTERNALS = PACKAGE / "internals.py"
+#: The one module that imports by a computed name: its lazy table of mirrorkit's public names.
+COMPUTED_IMPORTS = (PACKAGE / "__init__.py",)
+IMPORT_CALLS = (
+    "importlib.import_module",
+    "importlib.__import__",
+    "__import__",
+    "importlib.util.find_spec",
+)
+#: Private names of the standard library, not of TensorFlow or Keras.
+STDLIB_PRIVATE = ("os._exit", "sys._getframe", "logging.Formatter._fmt")
+#: Calls that start a process (besides os.exec* and os.spawn*).
+PROCESS_STARTS = (
+    "subprocess.Popen", "subprocess.run", "subprocess.call", "subprocess.check_call",
+    "subprocess.check_output", "subprocess.getoutput", "subprocess.getstatusoutput",
+    "os.system", "os.popen", "os.fork", "os.forkpty", "os.posix_spawn", "os.posix_spawnp",
+    "pty.spawn", "pty.fork", "multiprocessing.Process", "multiprocessing.Pool",
+    "concurrent.futures.ProcessPoolExecutor", "asyncio.create_subprocess_exec",
+    "asyncio.create_subprocess_shell",
+)  # fmt: skip
+#: Private fields read with a default where the default is part of the reading (a source
+#: dataset has no input link), and the module checks its reads on probe pipelines before any
+#: use (`batched._verify`: a renamed field is an InternalChangedError naming it).
+PROBE_VERIFIED = {
+    "pipeline/batched.py": (
+        "_input_dataset", "_batch_size", "_drop_remainder", "_reshuffle_each_iteration",
+    ),
+}  # fmt: skip
+#: The section of docs/compat.md that lists every guarded internal.
+COMPAT_SECTION = "## Private internals and their guards"
+
+
+def _private_module(name):
+    return any(name == p or name.startswith(p + ".") for p in PRIVATE_MODULES)
+
+
+def _private(name):
+    return name.startswith("_") and not name.startswith("__")
+
+
+def _own_mark(name):
+    return name.startswith("_mirrorkit_")
+
+
+def _trees(exclude=(INTERNALS,)):
+    for _, path in _modules():
+        if path not in exclude:
+            yield path, ast.parse(path.read_text())
+
+
+def _where(path, node):
+    return f"{path.relative_to(PACKAGE.parent)}:{node.lineno}"
+
+
+def _dotted(node):
+    """``a.b.c`` for a chain of names, else None."""
+    parts = []
+    while isinstance(node, ast.Attribute):
+        parts.append(node.attr)
+        node = node.value
+    return ".".join([node.id, *reversed(parts)]) if isinstance(node, ast.Name) else None
+
+
+def _calls(tree):
+    """(call, the dotted name it calls, import aliases resolved: ``sp.run`` is subprocess.run)."""
+    aliases = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for a in node.names:
+                aliases[a.asname or a.name.split(".")[0]] = (
+                    a.name if a.asname else a.name.split(".")[0]
+                )
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            for a in node.names:
+                aliases[a.asname or a.name] = f"{node.module}.{a.name}"
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and _dotted(node.func):
+            head, dot, rest = _dotted(node.func).partition(".")
+            yield node, aliases.get(head, head) + dot + rest
+
+
+def _constants(tree):
+    """Module-level names bound to a literal: {name: the strings in it}."""
+    found = {}
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and len(node.targets) == 1:
+            target, value = node.targets[0], node.value
+        elif isinstance(node, ast.AnnAssign) and node.value is not None:
+            target, value = node.target, node.value
+        else:
+            continue
+        if isinstance(target, ast.Name):
+            found[target.id] = [
+                s
+                for c in ast.walk(value)
+                for s in (
+                    [c.value]
+                    if isinstance(c, ast.Constant) and isinstance(c.value, str)
+                    else found.get(c.id, [])
+                    if isinstance(c, ast.Name)
+                    else []
+                )
+            ]
+    return found
+
+
+def _strings(node, tree, constants):
+    """The strings an argument can be: a literal, a module constant or a name bound from one
+    (``for attr in _INTERNALS``, ``module, name = _PER_WORKER``, ``name = "..."``), an
+    f-string's parts; None when it cannot be told."""
+    if isinstance(node, ast.Constant):
+        return [node.value] if isinstance(node.value, str) else []
+    if isinstance(node, ast.JoinedStr):
+        parts = [_strings(getattr(v, "value", v), tree, constants) for v in node.values]
+        return [s for p in parts if p for s in p]
+    if not isinstance(node, ast.Name):
+        return None
+    if node.id in constants:
+        return constants[node.id]
+    for other in ast.walk(tree):
+        if isinstance(other, ast.For | ast.comprehension):
+            target, source = other.target, other.iter
+        elif isinstance(other, ast.Assign) and len(other.targets) == 1:
+            target, source = other.targets[0], other.value
+        else:
+            continue
+        if node.id in {n.id for n in ast.walk(target) if isinstance(n, ast.Name)}:
+            found = _strings(source, tree, constants)
+            if found is not None:
+                return found
+    return None
+
+
+def _guarded_names(tree):
+    """Every name the module hands to `mirrorkit.internals` (what it guards), as identifiers,
+    and the calls whose internal cannot be told."""
+    constants, names, unknown = _constants(tree), set(), []
+    for call, target in _calls(tree):
+        if not target.startswith(("internals.", "mirrorkit.internals.")):
+            continue
+        for arg in [*call.args, *(k.value for k in call.keywords)]:
+            found = _strings(arg, tree, constants)
+            if found is None:
+                attribute = call.args[1:2] == [arg]
+                if attribute and target.endswith((".require", ".optional", ".load")):
+                    unknown.append(call)  # the attribute a guard reads must be readable here
+                continue
+            names |= {w for s in found for w in re.findall(r"[A-Za-z_]\w*", s)}
+    return names, unknown
+
+
+def test_only_internals_imports_private_modules():
+    """No ``keras.src`` / ``tensorflow.python`` import outside internals.py: no import
+    statement (module level or in a function), and no import by name (importlib,
+    ``__import__``) of one; only ``mirrorkit/__init__.py`` imports by a computed name."""
+    found = []
+    for path, tree in _trees(exclude=()):
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
+                names = [node.module, *(f"{node.module}.{a.name}" for a in node.names)]
+            else:
+                continue
+            if path != INTERNALS and any(_private_module(n) for n in names):
+                found.append(f"{_where(path, node)}: {ast.unparse(node)}")
+        for call, target in _calls(tree):
+            if target not in IMPORT_CALLS or not call.args:
+                continue
+            arg = call.args[0]
+            if isinstance(arg, ast.Constant):
+                if path != INTERNALS and _private_module(str(arg.value)):
+                    found.append(f"{_where(path, call)}: {ast.unparse(call)}")
+            elif path not in (INTERNALS, *COMPUTED_IMPORTS):
+                found.append(f"{_where(path, call)}: {ast.unparse(call)} (a computed name)")
+    assert found == [], (
+        "load private modules through mirrorkit.internals (load_module / load), so an upstream "
+        f"move is an InternalChangedError naming it, not an ImportError: {found}"
+    )
+
+
+def test_the_private_import_check_sees_imports():
+    tree = ast.parse(
+        "import importlib\nfrom keras.src.backend import x\n"
+        "def f():\n    import tensorflow.python.distribute\n"
+        "    importlib.import_module('keras.src.trainers')\n"
+    )
+    imports = [n for n in ast.walk(tree) if isinstance(n, ast.Import | ast.ImportFrom)]
+    named = [getattr(n, "module", None) or n.names[0].name for n in imports]
+    assert [_private_module(n) for n in named] == [False, True, True]
+    assert [t for _, t in _calls(tree)] == ["importlib.import_module"]
+
+
+def test_no_private_attribute_is_read_with_a_silent_default():
+    """Outside internals.py, ``getattr(obj, "_name", default)`` (the name a literal or a module
+    constant) reads only mirrorkit's own marks (``_mirrorkit_*``) or the tf.data fields of
+    PROBE_VERIFIED; anything else goes through ``internals.require`` (an error) or
+    ``internals.optional`` (a warning)."""
+    found, verified = [], {}
+    for path, tree in _trees():
+        constants = _constants(tree)
+        module = str(path.relative_to(PACKAGE))
+        named = set()
+        for call, target in _calls(tree):
+            if target in ("internals.changed", "mirrorkit.internals.changed") and call.args:
+                strings = _strings(call.args[0], tree, constants) or []
+                named |= {w for s in strings for w in re.findall(r"[A-Za-z_]\w*", s)}
+        for call, target in _calls(tree):
+            if target != "getattr" or len(call.args) != 3:
+                continue
+            for name in _strings(call.args[1], tree, constants) or []:
+                if name in PROBE_VERIFIED.get(module, ()):
+                    verified.setdefault(module, set()).add(name)
+                    assert name in named, f"{module} reads {name} with a default, unverified"
+                elif _private(name) and not _own_mark(name):
+                    found.append(f"{_where(path, call)}: {ast.unparse(call)}")
+    assert found == [], (
+        "a private TensorFlow/Keras attribute read with a default hides its absence: use "
+        f"internals.require (an error) or internals.optional (a warning): {found}"
+    )
+    assert verified == {m: set(names) for m, names in PROBE_VERIFIED.items()}
+
+
+def _own_names(tree):
+    """Private names the module's own code gives itself: set on ``self``, or a class's own
+    attribute or method."""
+    own = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store):
+            if isinstance(node.value, ast.Name) and node.value.id == "self":
+                own.add(node.attr)
+        elif isinstance(node, ast.ClassDef):
+            for item in node.body:
+                if isinstance(item, ast.FunctionDef | ast.AsyncFunctionDef):
+                    own.add(item.name)
+                targets = (
+                    item.targets
+                    if isinstance(item, ast.Assign)
+                    else [getattr(item, "target", None)]
+                )
+                own |= {t.id for t in targets if isinstance(t, ast.Name)}
+    return own
+
+
+def test_private_attributes_outside_internals_are_named_by_a_guard():
+    """Outside internals.py, every private attribute touched (``obj._name``, or getattr /
+    setattr / hasattr with a literal or constant name) is one the module gives its own objects
+    (set on ``self``, a class attribute, a ``_mirrorkit_*`` mark), a standard-library one
+    (STDLIB_PRIVATE), or one the module hands to `mirrorkit.internals` (require, optional,
+    load, warn, changed), which docs/compat.md then lists."""
+    stdlib = {name.rpartition(".")[2] for name in STDLIB_PRIVATE}
+    found, unreadable = [], []
+    for path, tree in _trees():
+        guarded, unknown = _guarded_names(tree)
+        unreadable += [_where(path, call) for call in unknown]
+        allowed = guarded | _own_names(tree) | stdlib
+        constants = _constants(tree)
+        touched = [
+            (node, node.attr)
+            for node in ast.walk(tree)
+            if isinstance(node, ast.Attribute) and _private(node.attr)
+        ]
+        for call, target in _calls(tree):
+            if target in ("getattr", "setattr", "hasattr", "delattr") and len(call.args) > 1:
+                touched += [(call, n) for n in _strings(call.args[1], tree, constants) or []]
+        found += [
+            f"{_where(path, node)}: {name}"
+            for node, name in touched
+            if _private(name) and not _own_mark(name) and name not in allowed
+        ]
+    assert unreadable == [], f"write the attribute a guard reads so it can be read: {unreadable}"
+    assert found == [], (
+        "read a private TensorFlow/Keras attribute through mirrorkit.internals (require, "
+        f"optional), or name your own mark _mirrorkit_*: {found}"
+    )
+
+
+def test_only_the_launcher_starts_processes():
+    """No subprocess / os.exec* / os.spawn* / os.fork / multiprocessing start outside
+    ``mirrorkit/launcher/`` (its functions are named for what they start)."""
+    found = [
+        f"{_where(path, call)}: {target}"
+        for path, tree in _trees(exclude=())
+        if PACKAGE / "launcher" not in path.parents
+        for call, target in _calls(tree)
+        if target in PROCESS_STARTS
+        or target.startswith(("os.exec", "os.spawn"))
+        or (target.startswith("multiprocessing.") and target.endswith(("Process", "Pool")))
+    ]
+    assert found == [], f"start processes through a function in mirrorkit/launcher/: {found}"
+
+
+def test_the_process_check_sees_a_start():
+    tree = ast.parse("import subprocess as sp\nimport os\nsp.run(['x'])\nos.execv('x', [])\n")
+    assert [t for _, t in _calls(tree)] == ["subprocess.run", "os.execv"]
+
+
+def _compat_internals_section():
+    text = (PACKAGE.parent / "docs" / "compat.md").read_text()
+    assert COMPAT_SECTION in text, f"docs/compat.md lost its section {COMPAT_SECTION!r}"
+    return text.split(COMPAT_SECTION, 1)[1].split("\n## ", 1)[0]
+
+
+def _guarded_internals():
+    """{internal: where}: each attribute a guard of mirrorkit.internals reads (require,
+    optional, load: the attribute and the private module's last part) and each compat
+    repair's target ``Class.method``."""
+    found = {}
+
+    def add(name, path, call):  # a private module by its last part, as the table names it
+        found.setdefault(
+            name.rpartition(".")[2] if _private_module(name) else name, _where(path, call)
+        )
+
+    for path, tree in _trees():
+        constants = _constants(tree)
+        for call, target in _calls(tree):
+            fn = target.rpartition(".")[2]
+            if target.startswith(("internals.", "mirrorkit.internals.")) and fn in (
+                "require", "optional", "load", "load_module"
+            ):  # fmt: skip
+                args = call.args[1:2] if fn != "load_module" else []
+                for arg in args:
+                    for name in _strings(arg, tree, constants) or []:
+                        add(name, path, call)
+                if fn in ("load", "load_module") and call.args:
+                    for module in _strings(call.args[0], tree, constants) or []:
+                        add(module, path, call)
+            elif fn in ("Repair", "multi_worker_repair"):
+                given = {k.arg: k.value for k in call.keywords}
+                if "target" in given or len(call.args) > 2:
+                    node = given.get("target", call.args[2] if len(call.args) > 2 else None)
+                    for name in _strings(node, tree, constants) or []:
+                        add(name, path, call)
+    return found
+
+
+def test_docs_compat_lists_every_guarded_internal():
+    """Every internal a guard reads, and every repair's target, is named in docs/compat.md's
+    internals table (a target ``Class.method`` as both words in one row)."""
+    rows = _compat_internals_section().splitlines()
+    internals = _guarded_internals()
+    assert "_all_reduce_sum_gradients" in internals  # the collector sees the guards
+    assert "TensorFlowTrainer._make_function" in internals  # and the repairs' targets
+
+    def listed(name):
+        words = name.split(".")
+        return any(
+            all(re.search(rf"(?<!\w){re.escape(w)}(?!\w)", row) for w in words) for row in rows
+        )
+
+    missing = sorted(f"{name} ({where})" for name, where in internals.items() if not listed(name))
+    assert missing == [], f"list these in docs/compat.md, {COMPAT_SECTION!r}: {missing}"

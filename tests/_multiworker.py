@@ -40,12 +40,10 @@ def own_tf_configs(tasks):
     Returns ``env(i)`` for `run_workers`: process i is ``tasks[i]``, numbered within
     its job type in order, on a free loopback port.
     """
-    import json
-
-    from mirrorkit.launcher.ports import free_ports
+    from mirrorkit.cluster import tf_config
 
     cluster, me = {}, []
-    for task_type, port in zip(tasks, free_ports(len(tasks)), strict=True):
-        cluster.setdefault(task_type, []).append(f"127.0.0.1:{port}")
-        me.append({"type": task_type, "index": len(cluster[task_type]) - 1})
-    return lambda i: {"TF_CONFIG": json.dumps({"cluster": cluster, "task": me[i]})}
+    for task_type, address in zip(tasks, tf_config.local_addresses(len(tasks)), strict=True):
+        cluster.setdefault(task_type, []).append(address)
+        me.append((task_type, len(cluster[task_type]) - 1))
+    return lambda i: {"TF_CONFIG": tf_config.for_task(cluster, *me[i])}

@@ -9,11 +9,15 @@ outside its home. ``python tests/test_contracts.py`` prints the two tables.
 from __future__ import annotations
 
 import ast
+import json
 import pathlib
 import re
 import signal
 
+import pytest
+
 from mirrorkit import environment_variables, exit_statuses
+from mirrorkit.cluster import tf_config
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "mirrorkit"
@@ -99,6 +103,20 @@ def test_statuses_keep_the_conventions_they_name():
     assert exit_statuses.INTERRUPTED == 128 + signal.SIGINT
     assert exit_statuses.STARTUP_STOPPED == 128 + signal.SIGKILL
     assert exit_statuses.TERMINATED == 128 + signal.SIGTERM
+
+
+def test_the_tf_config_writer_writes_any_task_and_refuses_one_outside_its_cluster():
+    cluster = {"chief": ["127.0.0.1:1"], "worker": ["127.0.0.1:2", "127.0.0.1:3"]}
+    assert json.loads(tf_config.for_task(cluster, "worker", 1)) == {
+        "cluster": cluster,
+        "task": {"type": "worker", "index": 1},
+    }
+    assert tf_config.tf_config(["127.0.0.1:2"], 0) == tf_config.for_task(
+        {"worker": ["127.0.0.1:2"]}, "worker", 0
+    )
+    for task_type, index in (("evaluator", 0), ("worker", 2), ("chief", -1)):
+        with pytest.raises(ValueError, match=f"TF_CONFIG task '{task_type}' {index} is not in"):
+            tf_config.for_task(cluster, task_type, index)
 
 
 # --- rules: a contract is spelled only in its home ----------------------------------------

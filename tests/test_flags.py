@@ -16,6 +16,7 @@ from absl import flags
 
 import mirrorkit as mk
 from mirrorkit import flags as mk_flags
+from mirrorkit.cluster.tf_config import tf_config
 
 
 def parse(*argv, **defaults):
@@ -257,14 +258,8 @@ def test_define_flags_refuses_unknown_or_contradictory_defaults():
 HOSTS = "127.0.0.1:2222,127.0.0.1:2223"
 
 
-def _tf_config(addresses, index):
-    return json.dumps(
-        {"cluster": {"worker": addresses}, "task": {"type": "worker", "index": index}}
-    )
-
-
 def test_worker_hosts_differing_from_tf_config_is_an_error_naming_both(monkeypatch):
-    monkeypatch.setenv("TF_CONFIG", _tf_config(["127.0.0.1:2222", "127.0.0.1:9999"], 1))
+    monkeypatch.setenv("TF_CONFIG", tf_config(["127.0.0.1:2222", "127.0.0.1:9999"], 1))
     with pytest.raises(flags.IllegalFlagValueError) as err:
         parse(f"--worker_hosts={HOSTS}", "--task_index=1")
     assert "--worker_hosts 127.0.0.1:2222,127.0.0.1:2223 differs from TF_CONFIG" in str(err.value)
@@ -272,7 +267,7 @@ def test_worker_hosts_differing_from_tf_config_is_an_error_naming_both(monkeypat
 
 
 def test_task_index_differing_from_tf_config_is_an_error_naming_both(monkeypatch):
-    monkeypatch.setenv("TF_CONFIG", _tf_config(HOSTS.split(","), 0))
+    monkeypatch.setenv("TF_CONFIG", tf_config(HOSTS.split(","), 0))
     with pytest.raises(flags.IllegalFlagValueError, match="--task_index 1 differs from TF_CONFIG"):
         parse(f"--worker_hosts={HOSTS}", "--task_index=1")
 
@@ -290,16 +285,19 @@ def test_worker_hosts_differing_from_slurm_is_an_error(monkeypatch):
 def test_worker_hosts_write_tf_config_and_agreeing_tf_config_is_kept(monkeypatch):
     monkeypatch.setenv("TF_CONFIG", "")
     text = mk_flags.apply_cluster_flags(parse(f"--worker_hosts={HOSTS}", "--task_index=1"))
-    assert json.loads(os.environ["TF_CONFIG"]) == json.loads(_tf_config(HOSTS.split(","), 1))
+    assert json.loads(os.environ["TF_CONFIG"]) == {
+        "cluster": {"worker": HOSTS.split(",")},
+        "task": {"type": "worker", "index": 1},
+    }
     assert text == os.environ["TF_CONFIG"]
-    agreeing = _tf_config(HOSTS.split(","), 1)
+    agreeing = tf_config(HOSTS.split(","), 1)
     monkeypatch.setenv("TF_CONFIG", agreeing)
     assert (
         mk_flags.apply_cluster_flags(parse(f"--worker_hosts={HOSTS}", "--task_index=1")) == agreeing
     )
     # A conflict appearing after parsing (TF_CONFIG set later) is still caught.
     fv = parse(f"--worker_hosts={HOSTS}", "--task_index=1")
-    monkeypatch.setenv("TF_CONFIG", _tf_config(HOSTS.split(","), 0))
+    monkeypatch.setenv("TF_CONFIG", tf_config(HOSTS.split(","), 0))
     with pytest.raises(ValueError, match="--task_index 1 differs from TF_CONFIG"):
         mk_flags.apply_cluster_flags(fv)
 

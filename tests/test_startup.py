@@ -18,20 +18,18 @@ import time
 
 import pytest
 
-from mirrorkit.cluster import cluster_info
+from mirrorkit.cluster import cluster_info, tf_config
 from mirrorkit.faults import peer_wait
 from mirrorkit.launcher.ports import free_ports
 
 
-def _two_workers() -> tuple[dict, str]:
-    ports = free_ports(2)
-    addresses = [f"127.0.0.1:{p}" for p in ports]
-    config = {"cluster": {"worker": addresses}, "task": {"type": "worker", "index": 0}}
-    return config, addresses[1]
+def _two_workers() -> tuple[str, str]:
+    addresses = tf_config.local_addresses(2)
+    return tf_config.tf_config(addresses, 0), addresses[1]
 
 
-def _start(code: str, tf_config: dict) -> subprocess.Popen:
-    env = dict(os.environ, TF_CONFIG=json.dumps(tf_config), TF_CPP_MIN_LOG_LEVEL="2")
+def _start(code: str, config: str) -> subprocess.Popen:
+    env = dict(os.environ, TF_CONFIG=config, TF_CPP_MIN_LOG_LEVEL="2")
     return subprocess.Popen(
         [sys.executable, "-c", textwrap.dedent(code)],
         env=env,
@@ -129,7 +127,7 @@ def test_a_signal_ends_a_real_wait_at_once(sig, to):
 def test_watcher_ends_the_wait_on_a_signal_to_the_group(sig):
     addresses = [f"127.0.0.1:{p}" for p in free_ports(2)]
     code = _WATCHED_SLEEP.format(addresses=json.dumps(addresses), timeout=300, sleep=300)
-    _signal_when_waiting(_start(code, {}), sig)
+    _signal_when_waiting(_start(code, "{}"), sig)
 
 
 _WATCHED_SLEEP = """
@@ -146,7 +144,7 @@ _WATCHED_SLEEP = """
 def test_watcher_kills_a_process_stuck_past_the_timeout_and_names_the_missing_peer():
     addresses = [f"127.0.0.1:{p}" for p in free_ports(2)]
     code = _WATCHED_SLEEP.format(addresses=json.dumps(addresses), timeout=1.5, sleep=120)
-    proc = _start(code, {})
+    proc = _start(code, "{}")
     out, err = proc.communicate(timeout=60)
     assert proc.returncode == -signal.SIGKILL, err
     assert "DONE" not in out
@@ -160,7 +158,7 @@ def test_watcher_ends_with_the_block_and_restores_the_signal_mask():
     code = _WATCHED_SLEEP.format(addresses=json.dumps(addresses), timeout=60, sleep=0.5)
     code += "    import signal\n"
     code += "    print('MASK', sorted(signal.pthread_sigmask(signal.SIG_BLOCK, [])))\n"
-    proc = _start(code, {})
+    proc = _start(code, "{}")
     out, err = proc.communicate(timeout=60)
     assert proc.returncode == 0, err
     assert "DONE" in out and "MASK []" in out

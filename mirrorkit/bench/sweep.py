@@ -11,7 +11,6 @@ from __future__ import annotations
 import io
 import json
 import os
-import socket
 import statistics
 import sys
 import tempfile
@@ -19,6 +18,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from mirrorkit.bench import measure
+from mirrorkit.cluster import tf_config
 from mirrorkit.environment_variables import (
     MALLOC_PREFIX,
     MIRRORKIT_PREFIX,
@@ -213,12 +213,6 @@ def compare(
     )[0]
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 #: Settings mirrorkit's launcher plans; the raw job's workers get none of them.
 _MIRRORKIT_ENV = (
     MALLOC_PREFIX,
@@ -235,12 +229,11 @@ def raw_job(
 ) -> dict[str, Any]:  # fmt: skip
     """Runs `workers` workers the way TensorFlow's multi-worker tutorial does; the chief's result.
 
-    TF_CONFIG is written by hand on loopback ports, the workers are plain
+    TF_CONFIG is the tutorial's (workers on free loopback ports), the workers are plain
     ``python`` processes with this process's CPUs and TensorFlow's default
     threads, and `measure.raw_worker_main` trains (see `measure.RAW_WORKERS_HOW`).
     """
-    ports = [_free_port() for _ in range(workers)]
-    cluster = {"worker": [f"127.0.0.1:{port}" for port in ports]}
+    addresses = tf_config.local_addresses(workers)
     base = {k: v for k, v in os.environ.items() if not k.startswith(_MIRRORKIT_ENV)}
     base.pop(TF_CONFIG, None)
     code = "from mirrorkit.bench.measure import raw_worker_main; raw_worker_main()"
@@ -249,9 +242,7 @@ def raw_job(
         argvs, envs = [], []
         for i in range(workers):
             env = dict(base, TF_CPP_MIN_LOG_LEVEL="3")
-            env[TF_CONFIG] = json.dumps(
-                {"cluster": cluster, "task": {"type": "worker", "index": i}}
-            )
+            env[TF_CONFIG] = tf_config.tf_config(addresses, i)
             argv = [sys.executable, "-c", code, outs[i], model]
             argv += [str(per_replica_batch), str(steps), str(repeats)]
             argvs.append(argv)

@@ -5,7 +5,6 @@ Reads flags and the environment only; never imports TensorFlow.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from typing import Any
 
@@ -240,10 +239,3 @@ def cluster_conflict(fv: flags.FlagValues, env: Mapping[str, str]) -> str | None
                 "SLURM_STEP_* variables); make them agree or drop the flags"
             )
     return None
-
-
-def tf_config(hosts: list[str], index: int) -> str:
-    """The TF_CONFIG text of worker `index` of `hosts`."""
-    return json.dumps(
-        {"cluster": {"worker": list(hosts)}, "task": {"type": "worker", "index": index}}
-    )

@@ -9,8 +9,9 @@ from typing import TYPE_CHECKING, Any
 from absl import flags
 
 from mirrorkit.cluster import chief, cluster_info
+from mirrorkit.cluster.tf_config import tf_config
 from mirrorkit.environment_variables import TF_CONFIG
-from mirrorkit.flags.checks import cluster_conflict, combination_problem, given, tf_config
+from mirrorkit.flags.checks import cluster_conflict, combination_problem, given
 
 if TYPE_CHECKING:
     import keras

@@ -132,7 +132,7 @@ def _accumulate_on_workers():
     return runs
 
 
-@pytest.mark.slow
+@pytest.mark.multiprocess
 def test_accumulating_on_two_workers_equals_one_big_step():
     """MultiWorkerMirroredStrategy: Keras 3.15.1 alone fails there the same way."""
     from _multiworker import run_workers

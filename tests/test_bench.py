@@ -17,7 +17,7 @@ def _bench(*args, timeout=600):
     )
 
 
-@pytest.mark.slow
+@pytest.mark.multiprocess
 def test_bench_mlp_on_one_and_two_replicas_writes_json(tmp_path):
     done = _bench(
         "--model", "mlp", "--replicas", "1,2", "--steps", "5", "--repeats", "2", "--rounds", "2",

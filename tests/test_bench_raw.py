@@ -8,7 +8,7 @@ import sys
 import pytest
 
 
-@pytest.mark.slow
+@pytest.mark.multiprocess
 def test_compare_raw_reports_both_efficiencies_and_raw_workers_unpinned(tmp_path):
     command = [
         sys.executable, "-m", "mirrorkit", "bench", "--model", "mlp", "--replicas", "1",

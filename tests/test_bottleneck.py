@@ -103,7 +103,7 @@ def _fit(slow_s: float):
     return throughput.report, printed.getvalue(), restored
 
 
-@pytest.mark.slow
+@pytest.mark.multiprocess
 def test_a_slow_map_is_input_bound(fresh):
     report, printed, restored = fresh(_fit, 0.03)
     epoch = report.epochs[0]
@@ -113,7 +113,7 @@ def test_a_slow_map_is_input_bound(fresh):
     assert restored  # get_next is TensorFlow's own again after fit
 
 
-@pytest.mark.slow
+@pytest.mark.multiprocess
 def test_nothing_planted_is_not_input_bound(fresh):
     report, _, restored = fresh(_fit, 0)
     epoch = report.epochs[0]
@@ -158,7 +158,7 @@ def _communication_heavy_worker():
     return throughput.report.epochs[0]
 
 
-@pytest.mark.slow
+@pytest.mark.multiprocess
 def test_two_workers_with_a_large_all_reduce_are_communication_bound():
     from _multiworker import run_workers
 
@@ -270,7 +270,7 @@ def _two_worker_fit(plant):
     return [(e.input_wait_share, e.verdict, str(report)) for e in report.epochs]
 
 
-@pytest.mark.slow
+@pytest.mark.multiprocess
 def test_two_workers_nothing_planted_then_a_slow_map():
     from _multiworker import run_workers
 
@@ -281,7 +281,7 @@ def test_two_workers_nothing_planted_then_a_slow_map():
         assert slow_share > 0.2 and slow_said.startswith("input-bound: "), (rank, report)
 
 
-@pytest.mark.slow
+@pytest.mark.multiprocess
 def test_two_workers_a_slow_peer_is_host_work_not_input():
     from _multiworker import run_workers
 

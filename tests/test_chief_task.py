@@ -11,7 +11,7 @@ import pytest
 from _multiworker import own_tf_configs, run_workers
 from test_throughput import check_straggler_reports, fit_with_one_slow_worker
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.multiprocess
 TOLERANCE = 1e-5
 NUM_IDS, GLOBAL_BATCH = 200, 20
 

@@ -65,7 +65,7 @@ def _worker_lines(text):
     return [line[5:] for line in text.splitlines() if line.startswith("[w0] ")]
 
 
-@pytest.mark.slow
+@pytest.mark.multiprocess
 def test_mirrorkit_launch_drops_tf_startup_lines_unless_asked(tmp_path):
     script = tmp_path / "worker.py"
     script.write_text(WORKER_SCRIPT)
@@ -92,7 +92,7 @@ def test_mirrorkit_launch_drops_tf_startup_lines_unless_asked(tmp_path):
     assert any(is_startup_line(line) for line in log.splitlines())
 
 
-@pytest.mark.slow
+@pytest.mark.multiprocess
 def test_mk_launch_drops_tf_startup_lines_unless_asked(capfd, monkeypatch):
     import mirrorkit as mk
 
@@ -138,7 +138,7 @@ FIT_SCRIPT = textwrap.dedent(
 )
 
 
-@pytest.mark.slow
+@pytest.mark.multiprocess
 def test_interactive_fit_prints_no_tensorflow_info_lines(tmp_path):
     # `python -i` is interactive the way a notebook kernel is: TensorFlow sets INFO itself.
     script = tmp_path / "fit.py"

@@ -51,7 +51,7 @@ def _cells(slow=()):
     for name, case in CASES.items():
         ops = ("error",) if case.error else OPERATIONS
         for op in ops:
-            marks = [pytest.mark.slow] if name in slow else []
+            marks = [pytest.mark.multiprocess] if name in slow else []
             if (name, op) in KNOWN:
                 marks.append(pytest.mark.xfail(strict=True, reason=KNOWN[name, op]))
             cells.append(pytest.param(name, op, id=f"{name}-{op}", marks=marks))
@@ -160,7 +160,7 @@ def test_two_replicas(runs, name, op):
     _check(name, op, one, two)
 
 
-@pytest.mark.slow
+@pytest.mark.multiprocess
 @pytest.mark.parametrize(("name", "op"), _cells())
 def test_two_workers(runs, slow_runs, name, op):
     one = runs(name)[0]
@@ -173,7 +173,7 @@ def test_fast_and_slow_cases_are_every_case(fast_runs):
     assert list(fast_runs[0]) == list(FAST) == list(fast_runs[1])
 
 
-@pytest.mark.slow
+@pytest.mark.multiprocess
 def test_slow_runs_cover_the_rest(slow_runs):
     assert list(slow_runs[0]) == list(SLOW) == list(slow_runs[1])
     assert all(list(worker) == list(CASES) for worker in slow_runs[2])

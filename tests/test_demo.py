@@ -73,7 +73,7 @@ def test_bad_flags_fail_at_start_with_the_flag_named(args, message):
     assert message in done.stderr
 
 
-@pytest.mark.slow
+@pytest.mark.multiprocess
 def test_unprepared_tfds_dataset_fails_fast_without_network(tmp_path):
     done = _run(["--dataset", "mnist", "--data-dir", str(tmp_path)], timeout=90, no_network=True)
     assert done.returncode == 2, done.stdout + done.stderr
@@ -83,14 +83,14 @@ def test_unprepared_tfds_dataset_fails_fast_without_network(tmp_path):
     assert os.listdir(tmp_path) in ([], ["mnist"])  # nothing was fetched
 
 
-@pytest.mark.slow
+@pytest.mark.multiprocess
 def test_unknown_tfds_name_says_so(tmp_path):
     done = _run(["--dataset", "no_such_set_xyz", "--data-dir", str(tmp_path)], timeout=90)
     assert done.returncode == 2
     assert "knows no data set of that name" in done.stderr
 
 
-@pytest.mark.slow
+@pytest.mark.multiprocess
 def test_prepared_tfds_dataset_trains(tmp_path):
     sys.path.insert(0, os.path.dirname(__file__))
     try:
@@ -107,7 +107,7 @@ def test_prepared_tfds_dataset_trains(tmp_path):
     assert re.search(r"test accuracy \d\.\d{4} on tiny_images", done.stdout)
 
 
-@pytest.mark.slow
+@pytest.mark.multiprocess
 def test_a_global_batch_the_default_replicas_do_not_divide_is_refused():
     done = _run(["--batch-size", "63", "--epochs", "1"], timeout=120)
     assert done.returncode == 2, done.stdout + done.stderr
@@ -116,7 +116,7 @@ def test_a_global_batch_the_default_replicas_do_not_divide_is_refused():
     )
 
 
-@pytest.mark.slow
+@pytest.mark.multiprocess
 def test_demo_reaches_the_stated_accuracy_on_the_bundled_digits():
     done = _run([], no_network=True)
     out = done.stdout

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from _multiworker import run_workers
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.multiprocess
 NUM_EXAMPLES = 1000
 GLOBAL_BATCH = 64
 

@@ -14,7 +14,7 @@ import pytest
 
 TOLERANCE = 1e-5
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.multiprocess
 
 
 #: (replicas, learning-rate scale) of the runs: 4 first, so that the process fixes 4 CPUs.

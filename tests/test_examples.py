@@ -39,7 +39,7 @@ def _ok(result, output):
     assert result.returncode == 0, output[-6000:]
 
 
-@pytest.mark.slow  # a fresh TensorFlow process that trains
+@pytest.mark.multiprocess  # a fresh TensorFlow process that trains
 def test_workstation_vision_smoke():
     result, output = run(EXAMPLES / "workstation_vision.py", "--smoke")
     _ok(result, output)
@@ -48,7 +48,7 @@ def test_workstation_vision_smoke():
     assert "test accuracy" in output and "2 replicas, global batch 128" in output
 
 
-@pytest.mark.slow  # one process, but 8 replicas of a ResNet take a while to trace on 2 cores
+@pytest.mark.multiprocess  # one process, but 8 ResNet replicas take a while to trace on 2 cores
 def test_resnet_global_batch_smoke():
     result, output = run(EXAMPLES / "resnet_global_batch.py", "--smoke")
     _ok(result, output)
@@ -59,7 +59,7 @@ def test_resnet_global_batch_smoke():
     assert "test accuracy" in output
 
 
-@pytest.mark.slow
+@pytest.mark.multiprocess
 def test_bert_multiworker_smoke_under_launch():
     result, output = run(EXAMPLES / "bert_multiworker.py", "--smoke", launch=True)
     _ok(result, output)
@@ -69,7 +69,7 @@ def test_bert_multiworker_smoke_under_launch():
     assert "held-out masked-token accuracy" in output and "unigram baseline" in output
 
 
-@pytest.mark.slow
+@pytest.mark.multiprocess
 def test_recommender_multiworker_smoke_reads_own_files(tmp_path):
     result, output = run(
         EXAMPLES / "recommender_multiworker.py", "--smoke", f"--data_dir={tmp_path}", launch=True
@@ -90,7 +90,7 @@ def _help_texts():
     return {name: " ".join(fv[name].help.split()[:4]) for name in mk_flags.FLAG_NAMES}
 
 
-@pytest.mark.slow  # a fresh process per example, each importing TensorFlow
+@pytest.mark.multiprocess  # a fresh process per example, each importing TensorFlow
 @pytest.mark.parametrize("example", SINGLE + MULTI)
 def test_help_lists_the_mirrorkit_flags_with_help_text(example):
     result, output = run(EXAMPLES / example, "--help")
@@ -102,7 +102,7 @@ def test_help_lists_the_mirrorkit_flags_with_help_text(example):
     assert "--[no]smoke: Run a few steps only" in text
 
 
-@pytest.mark.slow  # a fresh process per example, each importing TensorFlow
+@pytest.mark.multiprocess  # a fresh process per example, each importing TensorFlow
 @pytest.mark.parametrize("example", SINGLE + MULTI)
 def test_a_wrong_flag_exits_non_zero_with_absls_message(example):
     result, output = run(EXAMPLES / example, "--no_such_flag=1")
@@ -110,7 +110,7 @@ def test_a_wrong_flag_exits_non_zero_with_absls_message(example):
     assert "FATAL Flags parsing error: Unknown command line flag 'no_such_flag'" in output
 
 
-@pytest.mark.slow
+@pytest.mark.multiprocess
 def test_a_contradictory_combination_stops_an_example_before_training():
     result, output = run(
         EXAMPLES / "resnet_global_batch.py",

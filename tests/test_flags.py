@@ -98,6 +98,7 @@ def test_num_packs_replaces_the_packed_op():
         mk_flags.set_num_packs(strategy, "nccl", 2)
 
 
+@pytest.mark.gpu
 @pytest.mark.skipif(not tf.config.list_physical_devices("GPU"), reason="needs GPUs")
 def test_num_packs_reaches_a_gpu_strategy():
     fv = parse("--distribution_strategy=mirrored", "--all_reduce_alg=nccl", "--num_packs=2")
@@ -379,7 +380,7 @@ def test_a_bad_combination_exits_non_zero_before_main(script):
     assert "FLAGS " not in result.stdout
 
 
-@pytest.mark.slow
+@pytest.mark.multiprocess
 def test_flags_pass_through_mirrorkit_launch_untouched(script, tmp_path):
     flagfile = tmp_path / "extra.flags"
     flagfile.write_text("--bucket_mb=25\n")
@@ -462,7 +463,7 @@ def _worker_from_flags(hosts):
     }
 
 
-@pytest.mark.slow
+@pytest.mark.multiprocess
 def test_worker_hosts_and_task_index_make_a_two_worker_job(fresh):
     from mirrorkit.cluster import tf_config
 

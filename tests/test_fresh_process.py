@@ -9,7 +9,7 @@ import pytest
 
 from mirrorkit.launcher.processes import WorkerError
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.multiprocess
 
 
 def _import_then_replicas():

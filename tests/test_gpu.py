@@ -45,7 +45,7 @@ def _train_on_gpu_replicas(replicas: int):
 
 
 @needs_gpu
-@pytest.mark.slow
+@pytest.mark.gpu
 @pytest.mark.parametrize("replicas", [2, 4])
 def test_gpu_replicas_train_like_one_gpu(fresh, replicas):
     one = fresh(_train_on_gpu_replicas, 1)
@@ -75,7 +75,7 @@ def _nccl_all_reduce():
 
 
 @needs_two_gpus
-@pytest.mark.slow
+@pytest.mark.gpu
 def test_nccl_all_reduce_strategy_is_made_and_used(fresh):
     ops, total, finite = fresh(_nccl_all_reduce)
     assert ops == "NcclAllReduce"
@@ -83,7 +83,7 @@ def test_nccl_all_reduce_strategy_is_made_and_used(fresh):
     assert finite
 
 
-@pytest.mark.slow
+@pytest.mark.multiprocess
 def test_gpu_check_script_smoke_runs_every_part_on_the_cpu(tmp_path):
     out = tmp_path / "gpu.json"
     command = ["bash", "benchmarks/gpu_check.sh", "--smoke", str(out)]

@@ -186,7 +186,7 @@ def _guards_on_two_workers(directory):
     }
 
 
-@pytest.mark.slow
+@pytest.mark.multiprocess
 def test_two_workers_nan_on_worker_1_stops_both_at_step_7(tmp_path):
     from _multiworker import run_workers
 

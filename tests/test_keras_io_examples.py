@@ -98,7 +98,7 @@ def _results(runs, name):
     return one, two
 
 
-@pytest.mark.slow
+@pytest.mark.multiprocess
 @pytest.mark.parametrize("name", _cases("history"))
 def test_history_and_steps_as_one_device(runs, name):
     one, two = _results(runs, name)
@@ -110,7 +110,7 @@ def test_history_and_steps_as_one_device(runs, name):
         _close(key, one[key], two[key])
 
 
-@pytest.mark.slow
+@pytest.mark.multiprocess
 def test_text_example_first_epoch_as_one_device(runs):
     """Its cache is filled in epoch 1 on both sides; only later epochs' orders may differ."""
     one, two = _results(runs, "text_classification_from_scratch")
@@ -119,7 +119,7 @@ def test_text_example_first_epoch_as_one_device(runs):
         _close(f"History[{key!r}][0]", values[:1], two["history"][key][:1])
 
 
-@pytest.mark.slow
+@pytest.mark.multiprocess
 @pytest.mark.parametrize("name", _cases("weights"))
 def test_final_weights_as_one_device(runs, name):
     one, two = _results(runs, name)

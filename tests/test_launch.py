@@ -14,7 +14,7 @@ import pytest
 import mirrorkit as mk
 from mirrorkit.launcher.processes import WorkerError
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.multiprocess
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 

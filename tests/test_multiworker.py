@@ -16,7 +16,7 @@ from _training import LEARNING_RATES
 
 from mirrorkit.launcher.processes import WorkerError, run_function
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.multiprocess
 TOLERANCE = 1e-5
 
 
@@ -302,10 +302,3 @@ def test_local_step_logs_skip_the_per_step_average_and_keep_epoch_logs_exact(hea
             np.testing.assert_allclose(local[worker][1][key], values, rtol=0, atol=1e-6)
         for got, want in zip(local[worker][2], averaged[0][2], strict=True):
             np.testing.assert_allclose(got, want, rtol=0, atol=TOLERANCE)
-
-
-def test_unknown_step_logs_is_an_error():
-    import mirrorkit as mk
-
-    with pytest.raises(ValueError, match="step_logs must be 'averaged' or 'local'; got 'none'"):
-        mk.build(lambda: None, step_logs="none")

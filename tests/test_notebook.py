@@ -4,7 +4,7 @@ import nbformat
 import pytest
 from nbclient import NotebookClient
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.multiprocess
 
 CELLS = [
     "import mirrorkit as mk",

@@ -43,7 +43,7 @@ def _measured_peak_delta(batch):
     return peak_rss_bytes() - before
 
 
-@pytest.mark.slow
+@pytest.mark.multiprocess
 def test_plan_is_within_25_percent_of_the_measured_peak(fresh):
     plan = mk.plan_memory(wide_model, BATCH)
     from mirrorkit.scale.memory import MEASURE_ENV

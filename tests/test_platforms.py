@@ -174,7 +174,7 @@ def _check_training_tasks(results, want, hosts, kinds):
         _same_weights(facts["sgd"][0], want, f"{kinds[rank]} weight")
 
 
-@pytest.mark.slow
+@pytest.mark.multiprocess
 def test_vertex_ai_layout_trains_like_one_device(tmp_path, one_device_runs):
     tasks = ["chief", "worker", "evaluator"]
     env, hosts = vertex_env(tasks, port=free_ports(3))
@@ -187,14 +187,14 @@ def test_vertex_ai_layout_trains_like_one_device(tmp_path, one_device_runs):
     assert np.isfinite(evaluator["eval_loss"])
 
 
-@pytest.mark.slow
+@pytest.mark.multiprocess
 def test_sagemaker_multi_worker_mirrored_layout_trains_like_one_device(tmp_path, one_device_runs):
     env, hosts = sagemaker_env(2, mwms=True, port=free_ports(2))
     results = _replayed(tmp_path, hosts, platform_task, n=2, env=env)
     _check_training_tasks(results, one_device_runs["sgd"][0], hosts, [("worker", 0), ("worker", 1)])
 
 
-@pytest.mark.slow
+@pytest.mark.multiprocess
 def test_the_tfjob_example_trains_like_one_device_and_its_evaluator_evaluates(tmp_path, fresh):
     want_weights, want_eval = fresh(train_then_evaluate, str(SCRIPT), str(tmp_path / "alone"))
     manifest = _manifest()
@@ -225,7 +225,7 @@ def _sagemaker_host_without_tf_config():
     return {"said": said.getvalue(), "num_workers": mk.describe(first).num_workers}
 
 
-@pytest.mark.slow
+@pytest.mark.multiprocess
 def test_sagemaker_hosts_without_tf_config_are_warned_once_on_the_first_host(fresh):
     env, _ = sagemaker_env(2, mwms=False)
     # Fresh processes, not a local job: a job's launcher would give them a TF_CONFIG.

@@ -91,7 +91,7 @@ def _uninterrupted(seed, checkpoint_dir):
     return np.concatenate([w.ravel() for w in model.get_weights()])
 
 
-@pytest.mark.slow
+@pytest.mark.multiprocess
 def test_sigterm_saves_at_one_step_and_the_next_launch_on_one_worker_resumes(tmp_path):
     job = subprocess.Popen(
         _command(tmp_path, 2, slow=True),
@@ -136,7 +136,7 @@ def test_sigterm_saves_at_one_step_and_the_next_launch_on_one_worker_resumes(tmp
     np.testing.assert_allclose(np.load(tmp_path / "final.npy"), reference, atol=1e-5)
 
 
-@pytest.mark.slow
+@pytest.mark.multiprocess
 def test_sigterm_before_fits_last_step_completes_the_job_and_says_so(tmp_path):
     """No step boundary is left to agree on: fit completes on both workers; the chief says so."""
     done = subprocess.run(

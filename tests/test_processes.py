@@ -8,7 +8,7 @@ import pytest
 
 from mirrorkit.launcher.processes import WorkerError, run_function
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.multiprocess
 
 
 def _rank_env(i):

@@ -160,7 +160,7 @@ def uninterrupted():
     return _reference(shuffle=False)
 
 
-@pytest.mark.slow
+@pytest.mark.multiprocess
 def test_killed_worker_restarts_the_job_which_ends_equal_to_an_uninterrupted_run(
     tmp_path, uninterrupted
 ):
@@ -179,7 +179,7 @@ def test_killed_worker_restarts_the_job_which_ends_equal_to_an_uninterrupted_run
     np.testing.assert_allclose(np.load(out), uninterrupted, rtol=0, atol=1e-6)
 
 
-@pytest.mark.slow
+@pytest.mark.multiprocess
 def test_the_tutorials_keras_backup_resumes_a_shuffled_input_in_its_uninterrupted_orders(
     tmp_path,
 ):
@@ -194,7 +194,7 @@ def test_the_tutorials_keras_backup_resumes_a_shuffled_input_in_its_uninterrupte
     np.testing.assert_allclose(np.load(out), _reference(shuffle=True), rtol=0, atol=1e-6)
 
 
-@pytest.mark.slow
+@pytest.mark.multiprocess
 def test_chief_killed_at_each_point_of_its_backup_write_resumes_from_a_whole_pair(
     tmp_path, uninterrupted
 ):
@@ -220,7 +220,7 @@ def test_chief_killed_at_each_point_of_its_backup_write_resumes_from_a_whole_pai
     assert said in log, log[-4000:]
 
 
-@pytest.mark.slow
+@pytest.mark.multiprocess
 def test_chief_killed_inside_its_backup_write_resumes_from_the_previous_backup(
     tmp_path, uninterrupted
 ):

@@ -38,7 +38,7 @@ JOB_TIMEOUT_S = 300
 #: One epoch of 16 steps: enough for the weights to tell a wrong job from a right one.
 EPOCHS = ("--epochs", "1")
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.multiprocess
 
 
 @pytest.fixture(scope="module")

@@ -71,7 +71,7 @@ def _waiting_line(proc: subprocess.Popen) -> str:
     pytest.fail("no 'waiting for' line: " + "".join(lines)[-3000:])
 
 
-@pytest.mark.slow
+@pytest.mark.multiprocess
 def test_missing_peer_ends_after_startup_timeout_naming_it_a_sigterm_to_it_alone_too():
     """The documented bound: TensorFlow's own handler takes a SIGTERM sent to the pid alone."""
     config, missing = _two_workers()
@@ -111,7 +111,7 @@ def _signal_when_waiting(proc: subprocess.Popen, sig: int, to: str = "group") ->
     assert _group_gone(proc.pid)
 
 
-@pytest.mark.slow
+@pytest.mark.multiprocess
 @pytest.mark.parametrize(
     "sig, to",
     [(signal.SIGTERM, "group"), (signal.SIGINT, "group"), (signal.SIGINT, "process")],

@@ -329,7 +329,7 @@ def check_straggler_reports(reports, slow_worker):
             assert report["epochs"][0]["compute_share"] > 0.5
 
 
-@pytest.mark.slow
+@pytest.mark.multiprocess
 @pytest.mark.parametrize("slow_worker", [1, None])
 def test_straggler_is_flagged_only_when_one_worker_is_slow(slow_worker):
     from _multiworker import run_workers

@@ -202,7 +202,7 @@ def references():
             proc.wait()
 
 
-@pytest.mark.slow
+@pytest.mark.multiprocess
 def test_a_cut_link_ends_the_other_host_with_a_clear_error_and_a_relaunch_resumes(
     hosts, jobs, references, tmp_path
 ):

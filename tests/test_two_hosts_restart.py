@@ -151,7 +151,7 @@ def _addresses(hosts):
     return [f"{a}:{p}" for a, p in zip(hosts.addresses, free_ports(2), strict=True)]
 
 
-@pytest.mark.slow
+@pytest.mark.multiprocess
 def test_a_cut_link_restarts_the_job_which_resumes_once_the_link_is_back(hosts, job_box, tmp_path):
     addresses = _addresses(hosts)
     job = _Job(hosts, tmp_path, addresses, max_restarts=2, startup_s=300)
@@ -188,7 +188,7 @@ def test_a_cut_link_restarts_the_job_which_resumes_once_the_link_is_back(hosts, 
     np.testing.assert_allclose(np.load(job.out), np.load(tmp_path / "ref.npy"), atol=1e-5)
 
 
-@pytest.mark.slow
+@pytest.mark.multiprocess
 def test_a_host_that_stays_away_ends_the_restarts_naming_it(hosts, job_box, tmp_path):
     if hosts.mode != "netns":
         pytest.skip(f"needs network namespaces to keep a host away ({hosts.why_loopback})")

@@ -77,7 +77,7 @@ def _write_module(tmp_path) -> str:
     return str(tmp_path)
 
 
-@pytest.mark.slow
+@pytest.mark.multiprocess
 def test_single_host_mirrored_step_that_never_returns_ends_naming_the_step(tmp_path):
     where = _write_module(tmp_path)
     code = f"import sys; sys.path.insert(0, {where!r}); import stuck_job; "
@@ -103,7 +103,7 @@ def test_single_host_mirrored_step_that_never_returns_ends_naming_the_step(tmp_p
         os.killpg(proc.pid, 0)
 
 
-@pytest.mark.slow
+@pytest.mark.multiprocess
 def test_worker_stuck_in_a_step_ends_the_launched_job_naming_it(tmp_path):
     where = _write_module(tmp_path)
     script = tmp_path / "stuck_train.py"

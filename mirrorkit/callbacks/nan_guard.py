@@ -16,6 +16,12 @@ after the step, before any callback sees the step, and every worker raises
 the same `NonFiniteError` at the same step: nobody goes on training, nobody
 waits in a collective for a peer that stopped, and no callback saves the
 non-finite state.
+
+The check and the verdict are two hooks of
+`mirrorkit.training.gradient_hooks`: ``"nan_guard.check"`` (stage
+``"before"``, after the step clock) adds the flags as a rider of the
+all-reduce, ``"nan_guard.verdict"`` (stage ``"after"``) reads their sum, with
+or without gradient compression in between.
 """
 
 from __future__ import annotations
@@ -29,9 +35,8 @@ import tensorflow as tf
 
 from mirrorkit import internals
 from mirrorkit.cluster import cluster_info, workers
-from mirrorkit.training.compression import innermost_optimizer
+from mirrorkit.training import gradient_hooks
 
-_ALL_REDUCE = "_all_reduce_sum_gradients"
 _USED_FOR = "NaNGuard's per-replica gradient check"
 
 
@@ -119,7 +124,7 @@ class NaNGuard(keras.callbacks.Callback):
     def on_train_begin(self, logs=None):
         """Puts the check into the step (traced again) and the read-out after it."""
         model = self.model
-        optimizer = innermost_optimizer(model)
+        optimizer = gradient_hooks.innermost_optimizer(model)
         if optimizer is None:
             raise ValueError("NaNGuard needs a compiled model; compile it before fit")
         if optimizer is not getattr(model, "optimizer", None):
@@ -128,9 +133,7 @@ class NaNGuard(keras.callbacks.Callback):
                 "gradients are how dynamic loss scaling works, and it skips those steps itself. "
                 "Use keras.callbacks.TerminateOnNaN there, or train in float32."
             )
-        internals.require(
-            optimizer, _ALL_REDUCE, name=f"keras TFOptimizer.{_ALL_REDUCE}", used_for=_USED_FOR
-        )
+        gradient_hooks.require(optimizer, used_for=_USED_FOR)
         self._uninstall()
         strategy = model.distribute_strategy
         replicas = strategy.num_replicas_in_sync
@@ -142,14 +145,17 @@ class NaNGuard(keras.callbacks.Callback):
             "replicas": replicas,
             "workers": workers.num_workers(strategy),
             "optimizer": optimizer,
-            "had_all_reduce": _ALL_REDUCE in vars(optimizer),
-            "all_reduce": getattr(optimizer, _ALL_REDUCE),
+            "hooks": (
+                gradient_hooks.GradientHook("nan_guard.check", self._check_local),
+                gradient_hooks.GradientHook("nan_guard.verdict", self._record_verdict),
+            ),
             "had_compute_loss": "_compute_loss" in vars(model),
             "bad": bad,
             "first": first,
             "checked": False,  # set when the check is traced (or run eagerly) into the step
         }
-        setattr(optimizer, _ALL_REDUCE, self._all_reduce_with_verdict)
+        for hook in self._state["hooks"]:
+            gradient_hooks.register(optimizer, hook, used_for=_USED_FOR)
         if self.check_loss:
             compute_loss = internals.require(
                 model, "_compute_loss", name="keras Trainer._compute_loss", used_for=_USED_FOR
@@ -182,19 +188,21 @@ class NaNGuard(keras.callbacks.Callback):
         self._losses[_trace_key()] = loss
         return loss
 
-    def _all_reduce_with_verdict(self, grads_and_vars):
+    def _check_local(self, step: gradient_hooks.Gradients) -> None:
+        """Before the all-reduce: this replica's flags ride in it."""
+        self._state["checked"] = True
+        grads = [g for g, _ in step.grads_and_vars]
+        step.riders["nan_guard"] = self._local_flags(grads, self._losses.pop(_trace_key(), None))
+
+    def _record_verdict(self, step: gradient_hooks.Gradients) -> None:
+        """After the all-reduce: every replica's flags, summed, kept with the first bad step."""
         state = self._state
-        state["checked"] = True
-        pairs = list(grads_and_vars)
-        flags = self._local_flags([g for g, _ in pairs], self._losses.pop(_trace_key(), None))
-        reduced = list(state["all_reduce"]([*pairs, (flags, None)]))
-        verdict = tf.cast(reduced.pop()[0], tf.float32)
+        verdict = tf.cast(step.riders.pop("nan_guard"), tf.float32)
         iteration = tf.cast(tf.convert_to_tensor(state["optimizer"].iterations), tf.int64)
         first = state["first"]
         newly = tf.logical_and(tf.reduce_any(verdict > 0), first < 0)
         state["bad"].assign(tf.maximum(state["bad"], verdict))
         first.assign(tf.where(newly, iteration, first))
-        return reduced
 
     def _local_flags(self, grads, loss) -> tf.Tensor:
         replicas = self._state["replicas"]
@@ -221,8 +229,8 @@ class NaNGuard(keras.callbacks.Callback):
         self._uninstall()
         raise RuntimeError(
             f"NaNGuard could not check this training step: the step never called "
-            f"{type(optimizer).__name__}.{_ALL_REDUCE}, where NaNGuard checks each replica's "
-            "gradients (gradient_accumulation_steps under several replicas all-reduces "
+            f"{type(optimizer).__name__}.{gradient_hooks.ALL_REDUCE}, where NaNGuard checks each "
+            "replica's gradients (gradient_accumulation_steps under several replicas all-reduces "
             "elsewhere, and so may a custom train_step that updates the weights itself). Use "
             "keras.callbacks.TerminateOnNaN there, which checks only the averaged loss."
         )
@@ -271,10 +279,8 @@ class NaNGuard(keras.callbacks.Callback):
         if state is None:
             return
         optimizer, model = state["optimizer"], self.model
-        if state["had_all_reduce"]:
-            setattr(optimizer, _ALL_REDUCE, state["all_reduce"])
-        else:
-            vars(optimizer).pop(_ALL_REDUCE, None)
+        for hook in state["hooks"]:
+            gradient_hooks.remove(optimizer, hook)
         if "compute_loss" in state and not state["had_compute_loss"]:
             vars(model).pop("_compute_loss", None)
         model.train_function = None  # the traced step holds the check; trace again next fit

@@ -6,6 +6,11 @@ worker apart is the time from the start of its step to the moment its
 gradients are ready for the all-reduce. `StepClock` records that with
 ``tf.timestamp()`` in the traced step and keeps it in a ring buffer of
 per-replica variables that are read once per report, never per step.
+
+The mark when the gradients are ready is the hook ``"step_clock"`` of
+`mirrorkit.training.gradient_hooks` (stage ``"before"``, first): it runs on
+each replica's own gradients before NaNGuard's check and before the
+all-reduce, whether compressed or not.
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ import numpy as np
 import tensorflow as tf
 
 from mirrorkit import internals
+from mirrorkit.training import gradient_hooks
 
 #: Steps kept between two reads of the ring buffer.
 DEFAULT_CAPACITY = 8192
@@ -44,17 +50,44 @@ class StepClock:
         return self._model is not None
 
     def install(self, model: keras.Model) -> bool:
-        """Instruments `model`; returns False when its optimizer has no gradient all-reduce."""
-        from mirrorkit.training.compression import innermost_optimizer
+        """Instruments `model`; returns False when its optimizer has no gradient all-reduce.
 
-        optimizer = innermost_optimizer(model)
+        Args:
+            model: a compiled model.
+
+        Returns:
+            Whether the clock is in place (False, with a warning, when the
+            optimizer's all-reduce internal is missing).
+
+        Example:
+        ```python
+        import keras
+        import mirrorkit as mk
+        from mirrorkit.throughput.step_clock import StepClock
+        from mirrorkit.training import gradient_hooks
+
+        def make_model():
+            model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
+            model.compile(optimizer="sgd", loss="mse")
+            return model
+
+        model = mk.build(make_model, mk.strategy(cpu_replicas=2))
+        clock = StepClock()
+        clock.install(model)
+        print([hook.name for hook in gradient_hooks.hooks(model.optimizer)])  # ['step_clock']
+        model.fit(keras.random.normal((64, 4)), keras.random.normal((64, 1)), verbose=0)
+        print(clock.read_new())  # seconds of own work per step, first replica
+        clock.uninstall()
+        ```
+        """
+        optimizer = gradient_hooks.innermost_optimizer(model)
         if optimizer is None:
             return False
-        if not hasattr(optimizer, "_all_reduce_sum_gradients"):
-            internals.warn(
-                "keras optimizer._all_reduce_sum_gradients",
-                "ThroughputCallback's per-worker compute clock and straggler flag",
-            )
+        used_for = "ThroughputCallback's per-worker compute clock and straggler flag"
+        try:
+            gradient_hooks.require(optimizer, used_for=used_for)
+        except internals.InternalChangedError:
+            internals.warn(gradient_hooks.NAME, used_for)
             return False
         strategy = model.distribute_strategy
         with strategy.scope():
@@ -73,12 +106,8 @@ class StepClock:
         self._read_upto = 0
         starts: dict[int, tf.Tensor] = {}
         train_step = model.train_step
-        all_reduce = optimizer._all_reduce_sum_gradients
-        # What to put back: the model's own (class) methods, or an earlier wrapper.
-        self._saved = (
-            model.__dict__.get("train_step"),
-            optimizer.__dict__.get("_all_reduce_sum_gradients"),
-        )
+        # What to put back: the model's own (class) method, or an earlier wrapper.
+        self._saved_train_step = model.__dict__.get("train_step")
 
         def timed_train_step(data):
             start = tf.timestamp()
@@ -87,11 +116,10 @@ class StepClock:
                 data = tf.nest.map_structure(_after, data)
             return train_step(data)
 
-        def timed_all_reduce(grads_and_vars):
-            grads_and_vars = list(grads_and_vars)
+        def gradients_ready(step: gradient_hooks.Gradients) -> None:
             start = starts.pop(threading.get_ident(), None)
             if start is not None and tf.distribute.in_cross_replica_context() is False:
-                ready = [_dense(g) for g, _ in grads_and_vars if g is not None]
+                ready = [_dense(g) for g, _ in step.grads_and_vars if g is not None]
                 with tf.control_dependencies(ready):
                     elapsed = tf.timestamp() - start
                 slot = tf.math.floormod(tf.convert_to_tensor(self._count), self.capacity)
@@ -101,11 +129,11 @@ class StepClock:
                 with tf.control_dependencies(
                     [self._buffer.assign(updated), self._count.assign_add(1)]
                 ):
-                    grads_and_vars = [(_after(g), v) for g, v in grads_and_vars]
-            return all_reduce(grads_and_vars)
+                    step.grads_and_vars = [(_after(g), v) for g, v in step.grads_and_vars]
 
+        self._hook = gradient_hooks.GradientHook("step_clock", gradients_ready)
+        gradient_hooks.register(optimizer, self._hook, used_for=used_for)
         model.train_step = timed_train_step
-        optimizer._all_reduce_sum_gradients = timed_all_reduce
         model.train_function = None  # retrace with the clock in place
         self._model, self._optimizer = model, optimizer
         return True
@@ -114,14 +142,11 @@ class StepClock:
         """Restores the model's own train step and optimizer method."""
         if self._model is None:
             return
-        for owner, name, saved in (
-            (self._model, "train_step", self._saved[0]),
-            (self._optimizer, "_all_reduce_sum_gradients", self._saved[1]),
-        ):
-            if saved is None:
-                owner.__dict__.pop(name, None)
-            else:
-                setattr(owner, name, saved)
+        if self._saved_train_step is None:
+            self._model.__dict__.pop("train_step", None)
+        else:
+            self._model.train_step = self._saved_train_step
+        gradient_hooks.remove(self._optimizer, self._hook)
         self._model.train_function = None
         self._model = self._optimizer = None
 

@@ -6,27 +6,23 @@ sends. Keras already divides the loss by the number of replicas, so the sum
 stays in float16's range; what is lost is precision (about 3 significant
 digits for float16, 2 for bfloat16), so weights drift from float32 training by
 a small relative amount each step.
+
+It acts through `gradient_hooks`: the hook ``"compression"`` replaces the
+all-reduce (stage ``"reduce"``), so the NaN check and the step clock still run
+on each replica's float32 gradients before it, and the gradients come back as
+float32 after it.
 """
 
 from __future__ import annotations
 
-from typing import Any
-
 import keras
 import tensorflow as tf
 
-from mirrorkit import internals
 from mirrorkit.cluster import chief
+from mirrorkit.training import gradient_hooks
+from mirrorkit.training.gradient_hooks import innermost_optimizer
 
 DTYPES = {"fp16": tf.float16, "bf16": tf.bfloat16}
-
-
-def innermost_optimizer(model: keras.Model) -> Any:
-    """The optimizer that all-reduces gradients (inside a LossScaleOptimizer, if any)."""
-    optimizer = getattr(model, "optimizer", None)
-    while optimizer is not None and hasattr(optimizer, "inner_optimizer"):
-        optimizer = optimizer.inner_optimizer
-    return optimizer
 
 
 def apply(model: keras.Model, compression: str, strategy: tf.distribute.Strategy) -> None:
@@ -39,6 +35,24 @@ def apply(model: keras.Model, compression: str, strategy: tf.distribute.Strategy
 
     Raises:
         ValueError: an unknown `compression`, or a model without an optimizer.
+        InternalChangedError: the optimizer has no all-reduce method to replace.
+
+    Example:
+    ```python
+    import keras
+    import mirrorkit as mk
+    from mirrorkit.training import compression, gradient_hooks
+
+    def make_model():
+        model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
+        model.compile(optimizer="sgd", loss="mse")
+        return model
+
+    strategy = mk.strategy(cpu_replicas=2)
+    model = mk.build(make_model, strategy)  # as mk.build(..., gradient_compression="bf16")
+    compression.apply(model, "bf16", strategy)
+    print([hook.name for hook in gradient_hooks.hooks(model.optimizer)])  # ['compression']
+    ```
     """
     if compression not in DTYPES:
         raise ValueError(
@@ -50,17 +64,12 @@ def apply(model: keras.Model, compression: str, strategy: tf.distribute.Strategy
             "gradient_compression needs a compiled model with a Keras optimizer; compile the "
             "model inside the function given to mk.build"
         )
-    all_reduce = internals.require(
-        optimizer,
-        "_all_reduce_sum_gradients",
-        name="keras optimizer._all_reduce_sum_gradients",
-        used_for="gradient_compression",
-    )
+    gradient_hooks.require(optimizer, used_for="gradient_compression")
     if strategy.num_replicas_in_sync < 2:
         return
     wire = DTYPES[compression]
 
-    def compressed_all_reduce(grads_and_vars):
+    def compressed_all_reduce(grads_and_vars, all_reduce):
         pairs = list(grads_and_vars)
         sent = [(_cast(g, tf.float32, wire), v) for g, v in pairs]
         received = all_reduce(sent)
@@ -69,7 +78,11 @@ def apply(model: keras.Model, compression: str, strategy: tf.distribute.Strategy
             for (g, v), (original, _) in zip(received, pairs, strict=True)
         ]
 
-    optimizer._all_reduce_sum_gradients = compressed_all_reduce
+    gradient_hooks.register(
+        optimizer,
+        gradient_hooks.GradientHook("compression", compressed_all_reduce),
+        used_for="gradient_compression",
+    )
     chief.say_once(
         f"compression-{compression}",
         f"gradients are all-reduced in {wire.name} (gradient_compression={compression!r}): half "

@@ -47,3 +47,39 @@ def own_tf_configs(tasks):
         cluster.setdefault(task_type, []).append(address)
         me.append((task_type, len(cluster[task_type]) - 1))
     return lambda i: {"TF_CONFIG": tf_config.for_task(cluster, *me[i])}
+
+
+#: The scenarios that share the session's one 2-worker job (`two_worker_job` in
+#: tests/conftest.py): name -> (test module, function). Each function takes the worker's
+#: strategy (one ``mk.strategy()`` per worker, made once) and keyword arguments, and returns
+#: plain values; the tests of its module only read what it returned. A scenario that must
+#: fail, leaves a repair off or needs a strategy of its own gets a job of its own instead.
+SHARED_SCENARIOS = {
+    "healthy": ("test_multiworker", "healthy_scenarios"),
+    "distribute": ("test_distribute_multiworker", "distribute_scenarios"),
+    "accumulation": ("test_accumulation", "accumulate_on_workers"),
+}
+
+
+def _shared_scenarios(kwargs):
+    """In each worker: every shared scenario in turn, on one strategy."""
+    import importlib
+
+    import mirrorkit as mk
+
+    strategy = mk.strategy()
+    results = {}
+    for name, (module, function) in SHARED_SCENARIOS.items():
+        scenario = getattr(importlib.import_module(module), function)
+        results[name] = scenario(strategy, **kwargs.get(name, {}))
+    return results
+
+
+def shared_job(kwargs, timeout_s=600):
+    """Every worker's results of `SHARED_SCENARIOS`: a list (worker order) of {name: result}.
+
+    Args:
+        kwargs: name -> keyword arguments of that scenario (e.g. a data directory).
+        timeout_s: for the whole job; it does the work of three jobs.
+    """
+    return run_workers(_shared_scenarios, kwargs, n=2, timeout_s=timeout_s)

@@ -103,3 +103,25 @@ def one_device_runs():
     from _training import train_both_optimizers
 
     return run_function(train_both_optimizers, (1,), timeout_s=300)[0]
+
+
+@pytest.fixture(scope="session")
+def tfds_dir(tmp_path_factory):
+    """A prepared `_tfds_builder.TinyImages` on disk: (its data_dir, its builder)."""
+    from _tfds_builder import prepare
+
+    directory = tmp_path_factory.mktemp("tfds")
+    return str(directory), prepare(str(directory))
+
+
+@pytest.fixture(scope="session")
+def two_worker_job(tfds_dir):
+    """The session's one shared 2-worker job (`_multiworker.SHARED_SCENARIOS`), run once.
+
+    A list of each worker's {scenario: result}; the multi-worker tests that only
+    read a healthy job's results (test_multiworker, test_distribute_multiworker,
+    test_accumulation) take their part of it instead of starting a job each.
+    """
+    from _multiworker import shared_job
+
+    return shared_job({"distribute": {"data_dir": tfds_dir[0]}})

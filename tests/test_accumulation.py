@@ -117,10 +117,8 @@ def test_ema_with_accumulation_across_replicas_is_refused_clearly():
         model.fit(x, y, batch_size=MICRO_BATCH, epochs=1, verbose=0)
 
 
-def _accumulate_on_workers():
-    import mirrorkit as mk
-
-    strategy = mk.strategy()
+def accumulate_on_workers(strategy):
+    """In each worker of the session's shared 2-worker job (`two_worker_job`)."""
     assert type(strategy).__name__ == "CollectiveAllReduceStrategy"
     x, y = _data()
     data = tf.data.Dataset.from_tensor_slices((x, y)).batch(MICRO_BATCH)
@@ -133,11 +131,9 @@ def _accumulate_on_workers():
 
 
 @pytest.mark.multiprocess
-def test_accumulating_on_two_workers_equals_one_big_step():
+def test_accumulating_on_two_workers_equals_one_big_step(two_worker_job):
     """MultiWorkerMirroredStrategy: Keras 3.15.1 alone fails there the same way."""
-    from _multiworker import run_workers
-
-    workers = run_workers(_accumulate_on_workers, n=2)
+    workers = [scenarios["accumulation"] for scenarios in two_worker_job]
     for name in ("sgd", "adam"):
         one = _train(mk.strategy("one_device"), name, accumulate=False, batch=K * MICRO_BATCH)
         for worker, runs in enumerate(workers):

@@ -1,11 +1,11 @@
 """`mk.distribute` on two real workers through TensorFlow's collective runtime.
 
-Both scenarios run in one 2-worker job (`job`), one after the other on one strategy.
+Both scenarios run in the session's shared 2-worker job (`two_worker_job` in
+tests/conftest.py), one after the other on one strategy.
 """
 
 import numpy as np
 import pytest
-from _multiworker import run_workers
 
 pytestmark = pytest.mark.multiprocess
 NUM_EXAMPLES = 1000
@@ -30,24 +30,14 @@ def _arrays_on_workers(strategy):
     return _local_ids(strategy, train), _local_ids(strategy, evaluation), train.dropped_per_epoch
 
 
-def _both_on_workers(data_dir):
-    import mirrorkit as mk
-
-    strategy = mk.strategy()
+def distribute_scenarios(strategy, data_dir):
+    """In each worker of the shared job: both scenarios, on its strategy."""
     return {"arrays": _arrays_on_workers(strategy), "tfds": _tfds_on_workers(strategy, data_dir)}
 
 
 @pytest.fixture(scope="module")
-def tfds_dir(tmp_path_factory):
-    from _tfds_builder import prepare
-
-    directory = tmp_path_factory.mktemp("tfds")
-    return str(directory), prepare(str(directory))
-
-
-@pytest.fixture(scope="module")
-def job(tfds_dir):
-    return run_workers(_both_on_workers, tfds_dir[0], n=2)
+def job(two_worker_job):
+    return [scenarios["distribute"] for scenarios in two_worker_job]
 
 
 def test_two_workers_share_each_epoch_without_overlap(job):

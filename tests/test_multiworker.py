@@ -1,10 +1,11 @@
 """Two real workers through TensorFlow's collective runtime on loopback.
 
 Each test starts fresh worker processes with TF_CONFIG naming both; nothing in
-tf.distribute is mocked. The runs that must succeed share one 2-worker job
-(`healthy_job`: one strategy, each scenario on a model of its own) and their
-one-process references one fresh process (`one_process`); the runs that must
-fail upstream, or that leave a repair off, get jobs of their own.
+tf.distribute is mocked. The runs that must succeed are `healthy_scenarios`, part of
+the session's shared 2-worker job (`two_worker_job` in tests/conftest.py: one strategy,
+each scenario on a model of its own), and their one-process references one fresh process
+(`one_process`); the runs that must fail upstream, or that leave a repair off, get jobs of
+their own.
 """
 
 import re
@@ -28,11 +29,8 @@ def _train_on_workers(strategy):
     return {name: train_small_model(strategy, name, lr) for name, lr in LEARNING_RATES.items()}
 
 
-def _healthy_scenarios():
-    """In each worker: every scenario that must succeed, in turn, on one strategy."""
-    import mirrorkit as mk
-
-    strategy = mk.strategy()
+def healthy_scenarios(strategy):
+    """In each worker of the shared job: every scenario that must succeed, in turn."""
     return {
         "train": _train_on_workers(strategy),
         "evaluate": _evaluate_and_predict(strategy),
@@ -51,8 +49,8 @@ def _one_process_references():
 
 
 @pytest.fixture(scope="module")
-def healthy_job():
-    return run_workers(_healthy_scenarios, n=2)
+def healthy_job(two_worker_job):
+    return [scenarios["healthy"] for scenarios in two_worker_job]
 
 
 @pytest.fixture(scope="module")

@@ -125,3 +125,13 @@ def two_worker_job(tfds_dir):
     from _multiworker import shared_job
 
     return shared_job({"distribute": {"data_dir": tfds_dir[0]}})
+
+
+def pytest_terminal_summary(terminalreporter):
+    """Closes with how many documentation examples ran and how many are marked not runnable."""
+    from _doc_examples import summary
+
+    line = summary(terminalreporter.stats)
+    if line:
+        terminalreporter.write_sep("-", "documentation examples (tests/test_doc_examples.py)")
+        terminalreporter.write_line(line)

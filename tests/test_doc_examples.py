@@ -1,0 +1,180 @@
+"""Every fenced ```python example of the docs pages, the README and the docstrings runs.
+
+One test per example, its id the file and line of its first line of code
+(``README.md:166``, ``mirrorkit/scale/lr.py:65``); `tests/_doc_examples.py`
+finds them and says how an example tells what it needs (a context, a script
+command with workers, ``# not run: <why>``). At the end of the run pytest
+prints how many examples ran and how many are marked not runnable
+(``tests/conftest.py``, ``pytest_terminal_summary``).
+
+Why a collector of our own rather than a plugin: Sybil, pytest-markdown-docs
+and pytest-codeblocks each run examples only in the pytest process and only
+from the paths pytest is given (here ``testpaths = ["tests"]``, so README.md,
+docs/ and mirrorkit/ would need their own invocation), with no notion of an
+example that needs two workers under ``mirrorkit launch``; Sybil shares one
+namespace per document (an example would pass only after the one above it);
+phmdoctest generates test files and was last released in 2022. Ours is about
+200 lines and runs what it finds: single-process examples in this process
+(no fresh interpreter, which costs seconds of CPU each), the ones that start
+workers or are scripts in their own processes, marked multiprocess (so slow).
+"""
+
+from __future__ import annotations
+
+import textwrap
+
+import pytest
+from _doc_examples import CONTEXTS, Example, find, run_here, run_script
+
+EXAMPLES = find()
+
+
+def _distinct(examples: list[Example]) -> dict[Example, list[str]]:
+    """Each distinct example (the same code and context run once) with all its places."""
+    places: dict[Example, list[str]] = {}
+    for example in examples:
+        key = (example.code, example.context, example.script, example.command)
+        for known in places:
+            if (known.code, known.context, known.script, known.command) == key:
+                places[known].append(example.id)
+                break
+        else:
+            places[example] = [example.id]
+    return places
+
+
+DISTINCT = _distinct(EXAMPLES)
+
+
+def _param(example: Example, ids: list[str]):
+    marks = [pytest.mark.multiprocess] if example.starts_processes and not example.not_run else []
+    return pytest.param(example, ids, id=example.id, marks=marks)
+
+
+@pytest.mark.parametrize(("example", "places"), [_param(e, p) for e, p in DISTINCT.items()])
+def test_example(example: Example, places: list[str], tmp_path, monkeypatch, record_property):
+    """Runs the example; ``places`` are every file:line where the same code is shown."""
+    record_property("places", places)  # counted by the closing summary (tests/conftest.py)
+    if example.problem:
+        pytest.fail(example.problem, pytrace=False)
+    if example.not_run:
+        compile(example.code, example.id, "exec")  # still valid Python
+        pytest.skip(f"not run: {example.not_run}")
+    if example.script:
+        run_script(example, tmp_path)
+        return
+    from mirrorkit.compat import fit_epoch
+
+    listeners = list(fit_epoch._LISTENERS)
+    monkeypatch.chdir(tmp_path)
+    try:
+        run_here(example)
+    finally:
+        fit_epoch._LISTENERS[:] = listeners
+
+
+def test_the_collector_finds_examples_in_pages_readme_and_docstrings():
+    files = {example.path for example in EXAMPLES}
+    assert "README.md" in files
+    assert any(f.startswith("docs/") for f in files)
+    assert any(f.startswith("mirrorkit/") for f in files)
+    assert len(EXAMPLES) >= 60, len(EXAMPLES)
+
+
+def _write(tmp_path, name, text):
+    path = tmp_path / name
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(textwrap.dedent(text))
+
+
+def test_lines_markers_and_contexts_are_read_where_they_are(tmp_path):
+    _write(
+        tmp_path,
+        "README.md",
+        """\
+        # Title
+
+        ```python
+        print("one")
+        ```
+
+        <!-- example context: fit -->
+        ```python
+        model.fit(data)
+        ```
+
+        - a list item:
+          ```python
+          # not run: needs an AWS account
+          estimator.fit()
+          ```
+        """,
+    )
+    _write(
+        tmp_path,
+        "mirrorkit/mod.py",
+        '''\
+        """Module.
+
+        Example:
+        ```python
+        # train.py -- run with: mirrorkit launch -n 2 train.py
+        import mirrorkit as mk
+        ```
+        """
+
+
+        def f():
+            """F.
+
+            Example:
+            ```python
+            x = 1
+            ```
+            """
+        ''',
+    )
+    found = [(e.id, e.context, e.not_run, e.script, e.command) for e in find(tmp_path)]
+    assert found == [
+        ("README.md:4", None, None, None, None),
+        ("README.md:9", "fit", None, None, None),
+        ("README.md:14", None, "needs an AWS account", None, None),
+        ("mirrorkit/mod.py:5", None, None, "train.py", "mirrorkit launch -n 2 train.py"),
+        ("mirrorkit/mod.py:16", None, None, None, None),
+    ]
+    assert find(tmp_path)[-1].code == "x = 1\n"
+
+
+def test_a_broken_example_fails_naming_its_file_and_line(tmp_path):
+    _write(tmp_path, "docs/page.md", "Text.\n\n```python\nx = 1\nassert x == 2\n```\n")
+    (example,) = find(tmp_path)
+    with pytest.raises(AssertionError) as raised:
+        run_here(example, root=tmp_path)
+    frames = [(str(frame.path), frame.lineno + 1) for frame in raised.traceback]
+    assert (str(tmp_path / "docs/page.md"), 5) in frames
+
+
+@pytest.mark.parametrize(
+    ("text", "says"),
+    [
+        (
+            "<!-- example context: nope -->\n```python\nx\n```\n",
+            "README.md:3: unknown example context 'nope'",
+        ),
+        ('```python\nif __name__ == "__main__":\n    pass\n```\n', "README.md:2: a script"),
+    ],
+)
+def test_a_malformed_marker_is_a_clear_error(tmp_path, text, says):
+    _write(tmp_path, "README.md", text)
+    (example,) = find(tmp_path)
+    assert example.problem.startswith(says), example.problem
+
+
+def test_every_context_runs_and_defines_what_it_says():
+    for name, names in [
+        ("data", {"make_model", "x", "y", "x_test", "y_test"}),
+        ("fit", {"strategy", "model", "data", "train"}),
+    ]:
+        namespace: dict = {}
+        exec(CONTEXTS[name], namespace)
+        assert names <= namespace.keys(), name

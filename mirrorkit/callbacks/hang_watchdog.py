@@ -42,9 +42,16 @@ class HangWatchdog(keras.callbacks.Callback):
 
     Example:
     ```python
+    import keras
+    import numpy as np
     import mirrorkit as mk
 
-    model.fit(data, epochs=5, callbacks=[mk.callbacks.HangWatchdog(600)])
+    strategy = mk.strategy(cpu_replicas=2)
+    model = mk.build(lambda: keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)]),
+                     strategy)
+    model.compile(optimizer="sgd", loss="mse")
+    data = mk.distribute((np.ones((64, 4)), np.ones((64, 1))), strategy, global_batch_size=32)
+    model.fit(data, epochs=2, callbacks=[mk.callbacks.HangWatchdog(600)])
     ```
     """
 

@@ -97,18 +97,24 @@ class NaNGuard(keras.callbacks.Callback):
     import keras
     import mirrorkit as mk
 
+    import numpy as np
+
     strategy = mk.strategy(cpu_replicas=2)
-    model = mk.build(make_model, strategy)
+    model = mk.build(lambda: keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)]),
+                     strategy)
+    model.compile(optimizer="sgd", loss="mse")
+    x, y = np.ones((256, 4), "float32"), np.ones((256, 1), "float32")
+    x[100] = np.nan  # step 3 (global batch 32), first half of its batch: replica 0
     try:
         model.fit(
-            mk.distribute(data, global_batch_size=64),
+            mk.distribute((x, y), global_batch_size=32, shuffle=False),
             callbacks=[
-                keras.callbacks.BackupAndRestore("/tmp/backup"),
+                keras.callbacks.BackupAndRestore("backup"),
                 mk.callbacks.NaNGuard(),
             ],
         )
     except mk.callbacks.NonFiniteError as err:
-        print(err.step, err.workers, err.replicas)
+        print(err.step, err.workers, err.replicas)  # 3 [0] [0]
     ```
     """
 

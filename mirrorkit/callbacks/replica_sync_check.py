@@ -59,8 +59,15 @@ class ReplicaSyncCheck(keras.callbacks.Callback):
 
     Example:
     ```python
+    import keras
+    import numpy as np
     import mirrorkit as mk
 
+    strategy = mk.strategy(cpu_replicas=2)
+    model = mk.build(lambda: keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)]),
+                     strategy)
+    model.compile(optimizer="sgd", loss="mse")
+    data = mk.distribute((np.ones((64, 4)), np.ones((64, 1))), strategy, global_batch_size=32)
     check = mk.callbacks.ReplicaSyncCheck(every_n_steps=100)
     model.fit(data, callbacks=[check])
     print(check.costs_s)  # seconds per check

@@ -31,8 +31,10 @@ def is_chief() -> bool:
 
     Example:
     ```python
+    import keras
     import mirrorkit as mk
 
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
     if mk.is_chief():
         model.save("model.keras")
     ```

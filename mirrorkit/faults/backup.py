@@ -59,9 +59,16 @@ def resumable(backup_dir: str) -> keras.callbacks.BackupAndRestore:
 
     Example:
     ```python
+    import keras
+    import numpy as np
     import mirrorkit as mk
 
-    model.fit(data, epochs=10, callbacks=[mk.resumable("/shared/run1/backup")])
+    strategy = mk.strategy(cpu_replicas=2)
+    model = mk.build(lambda: keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)]),
+                     strategy)
+    model.compile(optimizer="sgd", loss="mse")
+    data = mk.distribute((np.ones((64, 4)), np.ones((64, 1))), strategy, global_batch_size=32)
+    model.fit(data, epochs=3, callbacks=[mk.resumable("run1/backup")])  # storage all workers see
     # mirrorkit launch --max-restarts 3 train.py: a failed worker costs the steps since
     # the last epoch's end, not the run
     ```

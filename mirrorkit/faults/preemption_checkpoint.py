@@ -76,10 +76,17 @@ class PreemptionCheckpoint(keras.callbacks.Callback):
 
     Example:
     ```python
+    import keras
+    import numpy as np
     import mirrorkit as mk
 
+    strategy = mk.strategy(cpu_replicas=2)
+    model = mk.build(lambda: keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)]),
+                     strategy)
+    model.compile(optimizer="sgd", loss="mse")
+    x, y = np.ones((1024, 4)), np.ones((1024, 1))
     data = mk.distribute((x, y), strategy, global_batch_size=256)  # shuffled: resumes in order
-    model.fit(data, epochs=10, callbacks=[mk.PreemptionCheckpoint("/shared/run1/preempt", data)])
+    model.fit(data, epochs=3, callbacks=[mk.PreemptionCheckpoint("run1/preempt", data)])
     # SIGTERM to any worker: every worker saves at the same step, exits 42; run it again
     ```
     """

@@ -129,8 +129,13 @@ def run_with_restarts(
     Example:
     ```python
     from mirrorkit.faults.restart import run_with_restarts
+    from mirrorkit.launcher.processes import WorkerError
 
-    run_with_restarts(lambda attempt: start_job(attempt), 3, print)
+    def start_job(attempt):  # starts every worker, returns when all are done
+        if attempt == 0:
+            raise WorkerError(1, -9)  # worker 1 killed by SIGKILL
+
+    assert run_with_restarts(start_job, 3, print) == 1
     ```
     """
     if isinstance(max_restarts, bool) or not isinstance(max_restarts, int) or max_restarts < 0:

@@ -68,9 +68,9 @@ class Recorder:
     ```python
     from mirrorkit.faults import resume_point
 
-    recorder = resume_point.Recorder("/tmp/p.json", "/tmp/backup", 4)
+    recorder = resume_point.Recorder("p.json", "backup", 4)
     recorder.at(1, 2)
-    assert resume_point.read("/tmp/p.json").at == resume_point.Position(1, 2)
+    assert resume_point.read("p.json").at == resume_point.Position(1, 2)
     ```
     """
 

@@ -25,6 +25,9 @@ an error naming both. Importing this package does not import TensorFlow.
 
 Example:
 ```python
+# train.py -- run with: python train.py --cpu_replicas 2
+import keras
+import numpy as np
 from absl import app
 
 from mirrorkit import flags as mk_flags
@@ -32,7 +35,14 @@ from mirrorkit import flags as mk_flags
 mk_flags.define_flags(per_replica_batch_size=32)
 
 
+def make_model():
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
+    model.compile(optimizer="sgd", loss="mse")
+    return model
+
+
 def main(argv):
+    x, y = np.ones((256, 4), "float32"), np.ones((256, 1), "float32")
     strategy = mk_flags.strategy_from_flags()
     model = mk_flags.build_from_flags(make_model, strategy)
     train = mk_flags.distribute_from_flags((x, y), strategy)

@@ -61,6 +61,7 @@ def strategy_from_flags(
 
     Example:
     ```python
+    # not run: one line of an absl script; mirrorkit.flags's example is the whole script, run
     strategy = mk_flags.strategy_from_flags()  # python train.py --cpu_replicas 4
     ```
     """
@@ -202,6 +203,7 @@ def distribute_from_flags(
 
     Example:
     ```python
+    # not run: one line of an absl script; mirrorkit.flags's example is the whole script, run
     train = mk_flags.distribute_from_flags((x, y), strategy, per_replica_batch_size=32)
     ```
     """
@@ -234,6 +236,7 @@ def build_from_flags(
 
     Example:
     ```python
+    # not run: one line of an absl script; mirrorkit.flags's example is the whole script, run
     model = mk_flags.build_from_flags(make_model, strategy)
     ```
     """
@@ -261,6 +264,7 @@ def callbacks_from_flags(
 
     Example:
     ```python
+    # not run: one line of an absl script; mirrorkit.flags's example is the whole script, run
     model.fit(train, epochs=3, callbacks=mk_flags.callbacks_from_flags(warmup_steps=5))
     ```
     """

@@ -16,7 +16,7 @@ import signal
 
 import pytest
 
-from mirrorkit import environment_variables, exit_statuses
+from mirrorkit import environment_variables, exit_statuses, number_checks
 from mirrorkit.cluster import tf_config
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -117,6 +117,48 @@ def test_the_tf_config_writer_writes_any_task_and_refuses_one_outside_its_cluste
     for task_type, index in (("evaluator", 0), ("worker", 2), ("chief", -1)):
         with pytest.raises(ValueError, match=f"TF_CONFIG task '{task_type}' {index} is not in"):
             tf_config.for_task(cluster, task_type, index)
+
+
+# --- one set of argument checks -------------------------------------------------------------
+
+
+@pytest.mark.parametrize("bad", [0, -1, 2.0, True, "3", None])
+def test_positive_int_names_the_argument_and_the_value(bad):
+    with pytest.raises(ValueError) as err:
+        number_checks.positive_int(bad, "steps", fix="Give e.g. steps=10.")
+    assert str(err.value) == f"steps must be a positive integer; got {bad!r}. Give e.g. steps=10."
+
+
+def test_number_checks_take_numpy_scalars_and_none_where_allowed():
+    import numpy as np
+
+    assert number_checks.positive_int(np.int64(4), "steps") == 4
+    assert type(number_checks.positive_int(np.int64(4), "steps")) is int
+    assert number_checks.positive_int(None, "log_every", or_none=True) is None
+    with pytest.raises(ValueError, match="log_every must be a positive integer or None; got 0"):
+        number_checks.positive_int(0, "log_every", or_none=True)
+    assert number_checks.non_negative_int(np.int32(0), "warmup_steps") == 0
+    with pytest.raises(ValueError, match="warmup_steps must be a non-negative integer; got -1"):
+        number_checks.non_negative_int(-1, "warmup_steps")
+    assert number_checks.positive_number(np.float32(0.5), "timeout_s", unit="seconds") == 0.5
+
+
+@pytest.mark.parametrize("bad", [0, -2.5, float("inf"), float("nan"), True, "1"])
+def test_positive_number_refuses_what_is_not_a_finite_positive_number(bad):
+    with pytest.raises(ValueError) as err:
+        number_checks.positive_number(bad, "timeout_s", unit="seconds")
+    assert str(err.value) == f"timeout_s must be a positive number of seconds; got {bad!r}"
+
+
+def test_a_bool_is_not_a_shuffle_buffer():
+    from mirrorkit.pipeline.options import Options
+
+    args = dict(shuffle=None, drop_remainder="auto", shard="auto", for_eval=False)
+    args.update(cache=False, prefetch=True, preprocess=None)
+    said = "shuffle_buffer_size must be a positive integer; got True$"
+    with pytest.raises(ValueError, match=said):
+        Options.check(**args, buffer=True)
+    assert Options.check(**args, buffer=None) is not None
 
 
 # --- rules: a contract is spelled only in its home ----------------------------------------

@@ -6,6 +6,7 @@ import argparse
 import sys
 
 from mirrorkit.exit_statuses import BAD_ARGUMENTS, FAILED, OK
+from mirrorkit.number_checks import positive_int
 
 #: The bundled models' names (``sorted(mirrorkit.bench.models.MODELS)``, checked by a test),
 #: spelled out so that building the CLI imports no Keras or TensorFlow.
@@ -39,14 +40,11 @@ def run(args: argparse.Namespace) -> int:
 
     spec = models.get(args.model)
     batch = args.batch if args.batch is not None else spec.default_batch
-    if batch < 1:
-        print(f"mirrorkit plan: --batch must be a positive integer; got {batch}", file=sys.stderr)
-        return BAD_ARGUMENTS
-    if args.device_mib is not None and args.device_mib < 1:
-        print(
-            f"mirrorkit plan: --device-mib must be a positive integer; got {args.device_mib}",
-            file=sys.stderr,
-        )
+    try:
+        positive_int(batch, "--batch")
+        positive_int(args.device_mib, "--device-mib", or_none=True, what="a positive integer")
+    except ValueError as err:
+        print(f"mirrorkit plan: {err}", file=sys.stderr)
         return BAD_ARGUMENTS
     x, y = models.synthetic_example(spec)
     name = args.model

@@ -7,6 +7,7 @@ from typing import Any
 
 from mirrorkit.cluster import cluster_info
 from mirrorkit.launcher import local_job
+from mirrorkit.number_checks import positive_int
 
 
 def launch(
@@ -63,8 +64,7 @@ def launch(
     assert mk.launch(train, num_workers=2) == 2
     ```
     """
-    if isinstance(num_workers, bool) or not isinstance(num_workers, int) or num_workers < 1:
-        raise ValueError(f"num_workers must be a positive integer; got {num_workers!r}")
+    positive_int(num_workers, "num_workers")
     here = cluster_info.from_environment()
     if here.is_multi_worker:
         raise RuntimeError(

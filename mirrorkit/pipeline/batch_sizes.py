@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import dataclasses
 
+from mirrorkit.number_checks import positive_int
+
 
 @dataclasses.dataclass(frozen=True)
 class BatchSizes:
@@ -49,14 +51,12 @@ def resolve(
             "Give exactly one of per_replica_batch_size= and global_batch_size= "
             f"(got {given}); the other follows from the {num_replicas} replicas in sync."
         )
-    for name, value in (
-        ("per_replica_batch_size", per_replica_batch_size),
-        ("global_batch_size", global_batch_size),
-    ):
-        if value is not None and (
-            isinstance(value, bool) or not isinstance(value, int) or value < 1
-        ):
-            raise ValueError(f"{name} must be a positive integer; got {value!r}")
+    per_replica_batch_size = positive_int(
+        per_replica_batch_size, "per_replica_batch_size", or_none=True, what="a positive integer"
+    )
+    global_batch_size = positive_int(
+        global_batch_size, "global_batch_size", or_none=True, what="a positive integer"
+    )
     if per_replica_batch_size is not None:
         return BatchSizes(
             per_replica_batch_size * num_replicas, per_replica_batch_size, num_replicas

@@ -6,6 +6,7 @@ from typing import Any
 
 import tensorflow as tf
 
+from mirrorkit.number_checks import positive_int
 from mirrorkit.pipeline import class_weights
 
 #: ``shard=`` values -> TensorFlow's auto-shard policies.
@@ -62,8 +63,9 @@ class Options:
             )
         if preprocess is not None and not callable(preprocess):
             raise TypeError(f"preprocess must be a function of one example; got {preprocess!r}")
-        if buffer is not None and (not isinstance(buffer, int) or buffer < 1):
-            raise ValueError(f"shuffle_buffer_size must be a positive integer; got {buffer!r}")
+        buffer = positive_int(
+            buffer, "shuffle_buffer_size", or_none=True, what="a positive integer"
+        )
         return cls(
             shuffle=(not for_eval) if shuffle is None else bool(shuffle),
             drop=(not for_eval) if drop_remainder == "auto" else drop_remainder,

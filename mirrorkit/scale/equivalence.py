@@ -14,6 +14,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from mirrorkit.environment_variables import CUDA_VISIBLE_DEVICES, TF_CONFIG, TF_CPP_MIN_LOG_LEVEL
+from mirrorkit.number_checks import positive_int, positive_number
 from mirrorkit.scale.equivalence_report import EquivalenceReport
 
 #: Environment of the training processes: CPU replicas only, quiet.
@@ -130,11 +131,9 @@ def _check_arguments(model_fn, data, replicas, steps, tolerance, batch_size) -> 
     lengths = {len(data[0]), len(data[1])}
     if len(lengths) != 1:
         raise ValueError(f"x and y must have the same number of examples; got {sorted(lengths)}")
-    for label, value in (("steps", steps), ("batch_size", batch_size)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"{label} must be a positive integer; got {value!r}")
-    if not isinstance(tolerance, (int, float)) or isinstance(tolerance, bool) or tolerance <= 0:
-        raise ValueError(f"tolerance must be a positive number; got {tolerance!r}")
+    positive_int(steps, "steps")
+    positive_int(batch_size, "batch_size")
+    positive_number(tolerance, "tolerance")
     counts = list(replicas) if isinstance(replicas, (list, tuple)) else None
     if (
         not counts

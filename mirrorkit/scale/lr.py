@@ -17,6 +17,7 @@ from typing import Any
 import keras
 
 from mirrorkit.cluster import chief
+from mirrorkit.number_checks import positive_int, positive_number
 
 #: The scaling rules `scale_learning_rate` accepts.
 RULES = ("linear", "sqrt")
@@ -226,7 +227,7 @@ def _warmup_steps(epochs, steps, steps_per_epoch) -> int | None:
 
 
 def _check_positive(label: str, value: Any, number: bool = False) -> None:
-    kinds = numbers.Real if number else numbers.Integral
-    if isinstance(value, bool) or not isinstance(value, kinds) or not value > 0:
-        what = "a positive number" if number else "a positive integer"
-        raise ValueError(f"{label} must be {what}; got {value!r}")
+    if number:
+        positive_number(value, label)
+    else:
+        positive_int(value, label)

@@ -27,6 +27,7 @@ from mirrorkit.environment_variables import (
     MALLOC_TRIM_THRESHOLD_,
     TF_CPP_MIN_LOG_LEVEL,
 )
+from mirrorkit.number_checks import positive_int
 
 #: glibc's own malloc thresholds, set explicitly in the measuring process: the launcher's
 #: workers keep freed memory for reuse (`mirrorkit.launcher.allocator`), and then a step's
@@ -170,10 +171,7 @@ def plan_memory(
         ("per_replica_batch_size", per_replica_batch_size),
         ("device_bytes", device_bytes),
     ):
-        if value is not None and (
-            isinstance(value, bool) or not isinstance(value, int) or value < 1
-        ):
-            raise ValueError(f"{label} must be a positive integer; got {value!r}")
+        positive_int(value, label, or_none=True, what="a positive integer")
     import cloudpickle
 
     from mirrorkit.launcher.processes import run_function

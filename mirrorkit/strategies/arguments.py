@@ -12,6 +12,7 @@ from collections.abc import Sequence
 import keras
 
 from mirrorkit.cluster import chief
+from mirrorkit.number_checks import positive_number
 
 KINDS = ("auto", "mirrored", "multi_worker", "one_device", "default")
 ALIASES = {"multi_worker_mirrored": "multi_worker", "off": "default"}
@@ -71,8 +72,7 @@ def check_arguments(
         ("bucket_mb", "megabytes (the gradient bucket size)", bucket_mb),
         ("timeout_s", "seconds (the collective timeout)", timeout_s),
     ):
-        if value is not None and (isinstance(value, bool) or not value > 0):
-            raise ValueError(f"{label} must be a positive number of {unit}; got {value!r}")
+        positive_number(value, label, unit=unit, or_none=True)
     if devices is not None and (isinstance(devices, str) or not devices):
         raise ValueError(
             f"devices must be a non-empty list of device names such as ['GPU:0', 'GPU:1']; "

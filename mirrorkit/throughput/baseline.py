@@ -6,13 +6,15 @@ import json
 import os
 from typing import Any
 
+from mirrorkit.number_checks import positive_number
+
 
 def read_baseline(baseline: float | str | None) -> float | None:
     """A single-replica examples/s figure from a number or a `mirrorkit bench` JSON file."""
     if baseline is None or isinstance(baseline, (int, float)):
-        if baseline is not None and baseline <= 0:
-            raise ValueError(f"baseline must be a positive examples/s figure; got {baseline!r}")
-        return None if baseline is None else float(baseline)
+        return positive_number(
+            baseline, "baseline", or_none=True, what="a positive examples/s figure"
+        )
     if not isinstance(baseline, (str, os.PathLike)):
         raise TypeError(
             f"ThroughputCallback(baseline=...) takes single-replica examples/s as a number or the "

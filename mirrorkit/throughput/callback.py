@@ -12,6 +12,7 @@ import tensorflow as tf
 from mirrorkit import internals
 from mirrorkit.cluster import chief
 from mirrorkit.cluster import workers as workers_lib
+from mirrorkit.number_checks import non_negative_int, positive_int
 from mirrorkit.throughput import bottleneck, input_clock
 from mirrorkit.throughput.baseline import read_baseline
 from mirrorkit.throughput.report import EpochThroughput, ThroughputReport, summary_line
@@ -98,10 +99,8 @@ class ThroughputCallback(keras.callbacks.Callback):
         verbose: int = 1,
     ):
         super().__init__()
-        if log_every is not None and (not isinstance(log_every, int) or log_every < 1):
-            raise ValueError(f"log_every must be a positive integer or None; got {log_every!r}")
-        if not isinstance(warmup_steps, int) or warmup_steps < 0:
-            raise ValueError(f"warmup_steps must be a non-negative integer; got {warmup_steps!r}")
+        positive_int(log_every, "log_every", or_none=True)
+        non_negative_int(warmup_steps, "warmup_steps")
         if straggler_factor <= 1:
             raise ValueError(f"straggler_factor must be above 1; got {straggler_factor!r}")
         if not straggler_min_gap_s >= 0:

@@ -43,11 +43,12 @@ def start_peer_wait_watcher(spec: Mapping[str, Any], wakeup_fd: int) -> subproce
     Example:
     ```python
     import os
+    from mirrorkit.exit_statuses import STARTUP_STOPPED
     from mirrorkit.launcher import plain_processes
 
     read, write = os.pipe()
     spec = {"parent": os.getpid(), "timeout": 600.0, "every": 5.0, "tasks": [],
-            "rank": 0, "chief": True, "wakeup": read}
+            "rank": 0, "chief": True, "status": STARTUP_STOPPED, "wakeup": read}
     watcher = plain_processes.start_peer_wait_watcher(spec, read)
     plain_processes.end_peer_wait_watcher(watcher)
     ```

@@ -21,10 +21,12 @@ workers or are scripts in their own processes, marked multiprocess (so slow).
 
 from __future__ import annotations
 
+import re
 import textwrap
+from pathlib import Path
 
 import pytest
-from _doc_examples import CONTEXTS, Example, find, run_here, run_script
+from _doc_examples import CONTEXTS, ROOT, Example, find, run_here, run_script
 
 EXAMPLES = find()
 
@@ -45,6 +47,10 @@ def _distinct(examples: list[Example]) -> dict[Example, list[str]]:
 
 DISTINCT = _distinct(EXAMPLES)
 
+#: What a script example printed and the folder it ran in, by file:line, for the checks of
+#: what its page says about it (they run it themselves when run alone).
+_SCRIPT_RUNS: dict[str, tuple[str, Path]] = {}
+
 
 def _param(example: Example, ids: list[str]):
     marks = [pytest.mark.multiprocess] if example.starts_processes and not example.not_run else []
@@ -61,7 +67,9 @@ def test_example(example: Example, places: list[str], tmp_path, monkeypatch, rec
         compile(example.code, example.id, "exec")  # still valid Python
         pytest.skip(f"not run: {example.not_run}")
     if example.script:
-        run_script(example, tmp_path)
+        output = run_script(example, tmp_path)
+        for place in places:
+            _SCRIPT_RUNS[place] = (output, tmp_path)
         return
     from mirrorkit.compat import fit_epoch
 
@@ -178,3 +186,26 @@ def test_every_context_runs_and_defines_what_it_says():
         namespace: dict = {}
         exec(CONTEXTS[name], namespace)
         assert names <= namespace.keys(), name
+
+
+def _script_run(path: str, tmp_path: Path) -> tuple[str, Path]:
+    """The output and folder of the script example on page `path`: this session's run, or one."""
+    (example,) = [e for e in EXAMPLES if e.path == path and e.script]
+    if example.id not in _SCRIPT_RUNS:
+        _SCRIPT_RUNS[example.id] = (run_script(example, tmp_path), tmp_path)
+    return _SCRIPT_RUNS[example.id]
+
+
+@pytest.mark.multiprocess  # its example's 2-worker run (shared with test_example when both run)
+def test_the_keras_multi_worker_page_says_what_its_example_does(tmp_path):
+    page = " ".join((ROOT / "docs/keras-multi-worker.md").read_text().split())
+    output, folder = _script_run("docs/keras-multi-worker.md", tmp_path)
+    said = re.search(r"mirrorkit: (\d+) Keras repairs active \(keras ([\d.]+)\)", output)
+    claimed = re.search(r"`mirrorkit: (\d+) Keras repairs active \(keras [\d.]+\)", page)
+    assert said and claimed, "the repairs line, in the page or in the 2-worker run's output"
+    assert claimed[1] == said[1], f"the page says {claimed[0]!r}; a 2-worker job says {said[0]!r}"
+    rows = re.search(r"`log\.csv` with a header and (\d+) rows", page)
+    epochs = re.search(r"(\d+) `Epoch` lines", page)
+    written = (folder / "log.csv").read_text().splitlines()
+    assert len(written) == 1 + int(rows[1]), written
+    assert output.count("Epoch ") == int(epochs[1]), output[-3000:]

@@ -50,6 +50,8 @@ DISTINCT = _distinct(EXAMPLES)
 #: What a script example printed and the folder it ran in, by file:line, for the checks of
 #: what its page says about it (they run it themselves when run alone).
 _SCRIPT_RUNS: dict[str, tuple[str, Path]] = {}
+#: What an example run in this process printed, by file:line, likewise.
+_PRINTED: dict[str, str] = {}
 
 
 def _param(example: Example, ids: list[str]):
@@ -58,7 +60,9 @@ def _param(example: Example, ids: list[str]):
 
 
 @pytest.mark.parametrize(("example", "places"), [_param(e, p) for e, p in DISTINCT.items()])
-def test_example(example: Example, places: list[str], tmp_path, monkeypatch, record_property):
+def test_example(
+    example: Example, places: list[str], tmp_path, monkeypatch, record_property, capsys
+):
     """Runs the example; ``places`` are every file:line where the same code is shown."""
     record_property("places", places)  # counted by the closing summary (tests/conftest.py)
     if example.problem:
@@ -79,6 +83,10 @@ def test_example(example: Example, places: list[str], tmp_path, monkeypatch, rec
         run_here(example)
     finally:
         fit_epoch._LISTENERS[:] = listeners
+    printed = capsys.readouterr()
+    print(printed.out, end="")
+    for place in places:
+        _PRINTED[place] = printed.out
 
 
 def test_the_collector_finds_examples_in_pages_readme_and_docstrings():
@@ -209,3 +217,17 @@ def test_the_keras_multi_worker_page_says_what_its_example_does(tmp_path):
     written = (folder / "log.csv").read_text().splitlines()
     assert len(written) == 1 + int(rows[1]), written
     assert output.count("Epoch ") == int(epochs[1]), output[-3000:]
+
+
+def test_the_guards_page_says_what_its_example_prints(tmp_path, monkeypatch, capsys):
+    page = " ".join((ROOT / "docs/guards.md").read_text().split())
+    (example,) = [e for e in EXAMPLES if e.path == "docs/guards.md"]
+    if example.id not in _PRINTED:
+        monkeypatch.chdir(tmp_path)
+        run_here(example)
+        _PRINTED[example.id] = capsys.readouterr().out
+    claimed = re.search(r"prints `([^`]+)` and `([^`]+)`", page)
+    assert claimed, "docs/guards.md says what its example prints: prints `...` and `...`"
+    printed = _PRINTED[example.id].splitlines()
+    for line in claimed.groups():
+        assert line in printed, f"docs/guards.md says its example prints {line!r}: {printed}"

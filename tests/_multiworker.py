@@ -62,7 +62,7 @@ SHARED_SCENARIOS = {
 
 
 def _shared_scenarios(kwargs):
-    """In each worker: every shared scenario in turn, on one strategy."""
+    """In each worker: the scenarios named in `kwargs`, in turn, on one strategy."""
     import importlib
 
     import mirrorkit as mk
@@ -70,16 +70,17 @@ def _shared_scenarios(kwargs):
     strategy = mk.strategy()
     results = {}
     for name, (module, function) in SHARED_SCENARIOS.items():
-        scenario = getattr(importlib.import_module(module), function)
-        results[name] = scenario(strategy, **kwargs.get(name, {}))
+        if name in kwargs:
+            scenario = getattr(importlib.import_module(module), function)
+            results[name] = scenario(strategy, **kwargs[name])
     return results
 
 
 def shared_job(kwargs, timeout_s=600):
-    """Every worker's results of `SHARED_SCENARIOS`: a list (worker order) of {name: result}.
+    """Every worker's results of some `SHARED_SCENARIOS`: a list (worker order) of {name: result}.
 
     Args:
-        kwargs: name -> keyword arguments of that scenario (e.g. a data directory).
-        timeout_s: for the whole job; it does the work of three jobs.
+        kwargs: name -> keyword arguments of each scenario to run (e.g. a data directory).
+        timeout_s: for the whole job; it does the work of up to three jobs.
     """
     return run_workers(_shared_scenarios, kwargs, n=2, timeout_s=timeout_s)

@@ -115,16 +115,27 @@ def tfds_dir(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
-def two_worker_job(tfds_dir):
+def two_worker_job(request):
     """The session's one shared 2-worker job (`_multiworker.SHARED_SCENARIOS`), run once.
 
     A list of each worker's {scenario: result}; the multi-worker tests that only
     read a healthy job's results (test_multiworker, test_distribute_multiworker,
-    test_accumulation) take their part of it instead of starting a job each.
+    test_accumulation) take their part of it instead of starting a job each. Only
+    the scenarios of the modules this session runs such a test of are run: CI's
+    older legs run test_multiworker alone, without tensorflow_datasets.
     """
-    from _multiworker import shared_job
+    from _multiworker import SHARED_SCENARIOS, shared_job
 
-    return shared_job({"distribute": {"data_dir": tfds_dir[0]}})
+    modules = {
+        item.module.__name__
+        for item in request.session.items
+        if "two_worker_job" in getattr(item, "fixturenames", ())
+    }
+    names = [name for name, (module, _) in SHARED_SCENARIOS.items() if module in modules]
+    kwargs = {name: {} for name in names}
+    if "distribute" in kwargs:
+        kwargs["distribute"]["data_dir"] = request.getfixturevalue("tfds_dir")[0]
+    return shared_job(kwargs)
 
 
 def pytest_terminal_summary(terminalreporter):

@@ -61,7 +61,7 @@ def _param(example: Example, ids: list[str]):
 
 @pytest.mark.parametrize(("example", "places"), [_param(e, p) for e, p in DISTINCT.items()])
 def test_example(
-    example: Example, places: list[str], tmp_path, monkeypatch, record_property, capsys
+    example: Example, places: list[str], tmp_path, monkeypatch, record_property, capfd
 ):
     """Runs the example; ``places`` are every file:line where the same code is shown."""
     record_property("places", places)  # counted by the closing summary (tests/conftest.py)
@@ -83,7 +83,7 @@ def test_example(
         run_here(example)
     finally:
         fit_epoch._LISTENERS[:] = listeners
-    printed = capsys.readouterr()
+    printed = capfd.readouterr()  # capfd, not capsys: HangWatchdog's faulthandler needs a fileno
     print(printed.out, end="")
     for place in places:
         _PRINTED[place] = printed.out
@@ -219,13 +219,13 @@ def test_the_keras_multi_worker_page_says_what_its_example_does(tmp_path):
     assert output.count("Epoch ") == int(epochs[1]), output[-3000:]
 
 
-def test_the_guards_page_says_what_its_example_prints(tmp_path, monkeypatch, capsys):
+def test_the_guards_page_says_what_its_example_prints(tmp_path, monkeypatch, capfd):
     page = " ".join((ROOT / "docs/guards.md").read_text().split())
     (example,) = [e for e in EXAMPLES if e.path == "docs/guards.md"]
     if example.id not in _PRINTED:
         monkeypatch.chdir(tmp_path)
         run_here(example)
-        _PRINTED[example.id] = capsys.readouterr().out
+        _PRINTED[example.id] = capfd.readouterr().out
     claimed = re.search(r"prints `([^`]+)` and `([^`]+)`", page)
     assert claimed, "docs/guards.md says what its example prints: prints `...` and `...`"
     printed = _PRINTED[example.id].splitlines()

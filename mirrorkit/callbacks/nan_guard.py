@@ -80,8 +80,9 @@ class NaNGuard(keras.callbacks.Callback):
 
     Cost: each ``fit`` traces the step once more (the check is compiled into
     it), and each step checks every gradient and reads the verdict (measured
-    +9% step time on 2 CPU replicas with a 200k-parameter MLP; see the
-    README). ``steps_per_execution > 1`` still names the exact step.
+    +9% step time on 2 CPU replicas with a 200k-parameter MLP; see
+    docs/guards.md, ``benchmarks/guards_cost.py``). ``steps_per_execution > 1``
+    still names the exact step.
 
     Not for a ``LossScaleOptimizer`` (``mixed_float16``): there non-finite
     gradients are how dynamic loss scaling finds its scale, and it skips

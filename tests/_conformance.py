@@ -819,26 +819,6 @@ def run_case(case: Case, p: Placement, workdir: str) -> dict:
     return result
 
 
-#: The cases whose 2-replica cells run in ``-m "not slow"``: one per path through mk.distribute
-#: (arrays, dicts, class weights, an unbatched, a kept-batched, an uneven last batch, an
-#: unknown length, a Keras directory utility) and the refused kinds. About 4 s each on 2 replicas
-#: (tracing fit, evaluate and predict); the rest of the 2-replica cells are ``slow``.
-FAST = (
-    "numpy_xy",
-    "dict_features_labels",
-    "class_weight_fit",
-    "tf_data_unbatched",
-    "tf_data_batched",
-    "tf_data_uneven_last_batch",
-    "tf_data_unknown_length",
-    "image_directory",
-    "py_dataset_to_distribute",
-    "generator_to_distribute",
-    "validation_split_distributed",
-)
-SLOW = tuple(name for name in CASES if name not in FAST)
-
-
 def run_all(workdir: str, placement: str, names: tuple[str, ...] | None = None) -> dict:
     """The cases `names` (all when None) on one placement, in this (fresh) process.
 

@@ -10,9 +10,8 @@ predict (row count and order), the final weights, ``optimizer.iterations``, and 
 mirrorkit must say. Each placement runs its cases in one process; each (case, operation)
 comparison is its own test. Numbers agree within 1e-5.
 
-The 2-replica cells of the cases in `_conformance.FAST` run in ``-m "not slow"`` (one process
-per placement, at the same time); the other 2-replica cells and the 2-worker cells are
-``slow`` (one more process per placement, and one 2-worker job for every case, at once).
+Every cell is ``multiprocess`` (so ``slow``): one process per placement for every case, and
+one 2-worker job, all started at once and shared by the module's tests.
 """
 
 from __future__ import annotations
@@ -21,10 +20,12 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
-from _conformance import CASES, FAST, SLOW, run_all, write_data
+from _conformance import CASES, run_all, write_data
 from _multiworker import run_workers
 
 from mirrorkit.launcher.processes import run_function
+
+pytestmark = pytest.mark.multiprocess
 
 TOLERANCE = 1e-5
 OPERATIONS = ("fit", "evaluate", "predict", "weights", "iterations", "notices")
@@ -45,13 +46,13 @@ KNOWN: dict[tuple[str, str], str] = {
 }
 
 
-def _cells(slow=()):
-    """Every (case, operation); those of the cases in `slow` marked slow."""
+def _cells():
+    """Every (case, operation); a known upstream failure is a strict xfail."""
     cells = []
     for name, case in CASES.items():
         ops = ("error",) if case.error else OPERATIONS
         for op in ops:
-            marks = [pytest.mark.multiprocess] if name in slow else []
+            marks = []
             if (name, op) in KNOWN:
                 marks.append(pytest.mark.xfail(strict=True, reason=KNOWN[name, op]))
             cells.append(pytest.param(name, op, id=f"{name}-{op}", marks=marks))
@@ -66,35 +67,24 @@ def workdir(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def fast_runs(workdir):
-    """(one device, 2 replicas): FAST case name -> result, each placement in a fresh process."""
-    with ThreadPoolExecutor(2) as pool:
-        one = pool.submit(run_function, run_all, (workdir, "one_device", FAST), timeout_s=900)
-        two = pool.submit(run_function, run_all, (workdir, "replicas", FAST), timeout_s=900)
-        return one.result()[0], two.result()[0]
+def all_runs(workdir):
+    """(one device, 2 replicas, every worker's results) on every case.
 
-
-@pytest.fixture(scope="module")
-def slow_runs(workdir):
-    """(one device, 2 replicas) on the SLOW cases, and every worker's results on all cases.
-
-    The three jobs (4 processes) run at once.
+    Three jobs (4 fresh processes) run at once.
     """
     with ThreadPoolExecutor(3) as pool:
-        one = pool.submit(run_function, run_all, (workdir, "one_device", SLOW), timeout_s=1200)
-        two = pool.submit(run_function, run_all, (workdir, "replicas", SLOW), timeout_s=1200)
+        one = pool.submit(run_function, run_all, (workdir, "one_device"), timeout_s=1200)
+        two = pool.submit(run_function, run_all, (workdir, "replicas"), timeout_s=1200)
         workers = pool.submit(run_workers, run_all, workdir, "workers", n=2, timeout_s=1200)
         return one.result()[0], two.result()[0], workers.result()
 
 
 @pytest.fixture
-def runs(request):
-    """Case name -> (one device, 2 replicas) results, from the runs its cells need."""
+def runs(all_runs):
+    """Case name -> (one device, 2 replicas) results."""
 
     def get(name):
-        fixture = "fast_runs" if name in FAST else "slow_runs"
-        one, two = request.getfixturevalue(fixture)[:2]
-        return one[name], two[name]
+        return all_runs[0][name], all_runs[1][name]
 
     return get
 
@@ -154,26 +144,20 @@ def _check(name, op, one, got, chief=True):
             )
 
 
-@pytest.mark.parametrize(("name", "op"), _cells(slow=SLOW))
+@pytest.mark.parametrize(("name", "op"), _cells())
 def test_two_replicas(runs, name, op):
     one, two = runs(name)
     _check(name, op, one, two)
 
 
-@pytest.mark.multiprocess
 @pytest.mark.parametrize(("name", "op"), _cells())
-def test_two_workers(runs, slow_runs, name, op):
+def test_two_workers(runs, all_runs, name, op):
     one = runs(name)[0]
-    for index, results in enumerate(slow_runs[2]):
+    for index, results in enumerate(all_runs[2]):
         _check(name, op, one, results[name], chief=index == 0)
 
 
-def test_fast_and_slow_cases_are_every_case(fast_runs):
-    assert sorted(FAST + SLOW) == sorted(CASES) and not set(FAST) & set(SLOW)
-    assert list(fast_runs[0]) == list(FAST) == list(fast_runs[1])
-
-
-@pytest.mark.multiprocess
-def test_slow_runs_cover_the_rest(slow_runs):
-    assert list(slow_runs[0]) == list(SLOW) == list(slow_runs[1])
-    assert all(list(worker) == list(CASES) for worker in slow_runs[2])
+def test_every_placement_ran_every_case(all_runs):
+    one, two, workers = all_runs
+    assert list(one) == list(CASES) == list(two)
+    assert all(list(worker) == list(CASES) for worker in workers)

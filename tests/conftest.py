@@ -34,11 +34,38 @@ def pytest_configure(config):
 COSTLY = ("multiprocess", "upstream", "gpu")
 
 
-@pytest.hookimpl(tryfirst=True)  # before pytest's own hook deselects by -m
+#: Session fixtures costly enough (fresh processes, a 2-worker job) that every module using
+#: one runs on the same pytest-xdist worker, so each is computed once per run.
+SHARED_SESSION_FIXTURES = ("one_device_runs", "two_worker_job")
+
+
+@pytest.hookimpl(tryfirst=True)  # before pytest's own hook deselects by -m, and xdist's groups
 def pytest_collection_modifyitems(config, items):
     for item in items:
         if any(item.get_closest_marker(name) for name in COSTLY):
             item.add_marker(pytest.mark.slow)
+    _group_for_xdist(items)
+
+
+def _group_for_xdist(items):
+    """Each module's tests on one pytest-xdist worker (``--dist loadgroup``, pyproject).
+
+    A module's tests share its module-scoped fixtures (a fresh process, a job), so they
+    stay together; the modules that use a costly session fixture share one group.
+    Without xdist (``-p no:xdist``, ``-n 0``) the marks change nothing.
+    """
+    shared = {
+        item.module.__name__
+        for item in items
+        if getattr(item, "module", None) is not None
+        and set(getattr(item, "fixturenames", ())) & set(SHARED_SESSION_FIXTURES)
+    }
+    for item in items:
+        if item.get_closest_marker("xdist_group") or getattr(item, "module", None) is None:
+            continue
+        name = item.module.__name__
+        group = "shared-session-fixtures" if name in shared else name
+        item.add_marker(pytest.mark.xdist_group(group))
 
 
 class _Fresh:

@@ -8,7 +8,9 @@ initialisation does) runs its code through `fresh`, in a new interpreter.
 
 from __future__ import annotations
 
+import functools
 import os
+import pathlib
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
@@ -39,33 +41,36 @@ COSTLY = ("multiprocess", "upstream", "gpu")
 SHARED_SESSION_FIXTURES = ("one_device_runs", "two_worker_job")
 
 
-@pytest.hookimpl(tryfirst=True)  # before pytest's own hook deselects by -m, and xdist's groups
+@pytest.hookimpl(tryfirst=True)  # before pytest's own hook deselects by -m
 def pytest_collection_modifyitems(config, items):
     for item in items:
         if any(item.get_closest_marker(name) for name in COSTLY):
             item.add_marker(pytest.mark.slow)
-    _group_for_xdist(items)
 
 
-def _group_for_xdist(items):
-    """Each module's tests on one pytest-xdist worker (``--dist loadgroup``, pyproject).
+@pytest.hookimpl(optionalhook=True)  # a pytest-xdist hook: unused without xdist
+def pytest_xdist_make_scheduler(config, log):
+    """Each test module on one pytest-xdist worker (``-n 2`` in pyproject's addopts).
 
     A module's tests share its module-scoped fixtures (a fresh process, a job), so they
-    stay together; the modules that use a costly session fixture share one group.
-    Without xdist (``-p no:xdist``, ``-n 0``) the marks change nothing.
+    run together, on one worker; the modules that use a costly session fixture
+    (`SHARED_SESSION_FIXTURES`) share one unit, so each is computed once per run.
+    (xdist's own ``--dist loadgroup`` marks no longer reach its scheduler on pytest 9.2.)
     """
-    shared = {
-        item.module.__name__
-        for item in items
-        if getattr(item, "module", None) is not None
-        and set(getattr(item, "fixturenames", ())) & set(SHARED_SESSION_FIXTURES)
-    }
-    for item in items:
-        if item.get_closest_marker("xdist_group") or getattr(item, "module", None) is None:
-            continue
-        name = item.module.__name__
-        group = "shared-session-fixtures" if name in shared else name
-        item.add_marker(pytest.mark.xdist_group(group))
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ModulesTogether(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            path = nodeid.split("::", 1)[0]
+            return "shared-session-fixtures" if _uses_shared_fixture(path) else path
+
+    return ModulesTogether(config, log)
+
+
+@functools.cache
+def _uses_shared_fixture(path: str) -> bool:
+    source = (pathlib.Path(__file__).parent.parent / path).read_text()
+    return any(fixture in source for fixture in SHARED_SESSION_FIXTURES)
 
 
 class _Fresh:

@@ -91,12 +91,13 @@ def test_the_command_entry_points_load():
 
 
 def test_the_console_script_target_exists():
+    import re
     from pathlib import Path
 
-    import tomllib
-
-    project = tomllib.loads((Path(__file__).parent.parent / "pyproject.toml").read_text())
-    module, _, function = project["project"]["scripts"]["mirrorkit"].partition(":")
+    # pyproject's [project.scripts] line, read without tomllib (Python 3.11+; we support 3.10)
+    pyproject = (Path(__file__).parent.parent / "pyproject.toml").read_text()
+    target = re.search(r'^mirrorkit = "([\w.]+:\w+)"$', pyproject, re.MULTILINE).group(1)
+    module, _, function = target.partition(":")
     assert callable(getattr(importlib.import_module(module), function))
 
 

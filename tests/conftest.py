@@ -46,27 +46,6 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if any(item.get_closest_marker(name) for name in COSTLY):
             item.add_marker(pytest.mark.slow)
-    _costliest_units_first(items)
-
-
-def _costliest_units_first(items):
-    """Orders the modules (xdist's units, `_unit`) by a rough cost, costliest first.
-
-    xdist hands units out in collection order, so a long module collected last would
-    run alone at the end while the other worker idles. The cost counts each test that
-    starts fresh interpreters as 20, another slow one as 2, any other as 0.2 (a guess
-    from --durations, only ever used for this order).
-    """
-    cost: dict[str, float] = {}
-    for item in items:
-        weight = (
-            20.0
-            if any(item.get_closest_marker(n) for n in COSTLY)
-            else (2.0 if item.get_closest_marker("slow") else 0.2)
-        )
-        unit = _unit(item.nodeid)
-        cost[unit] = cost.get(unit, 0.0) + weight
-    items.sort(key=lambda item: -cost[_unit(item.nodeid)])  # stable: order within a unit kept
 
 
 @pytest.hookimpl(optionalhook=True)  # a pytest-xdist hook: unused without xdist
@@ -82,16 +61,10 @@ def pytest_xdist_make_scheduler(config, log):
 
     class ModulesTogether(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
-            return _unit(nodeid)
+            path = nodeid.split("::", 1)[0]
+            return "shared-session-fixtures" if _uses_shared_fixture(path) else path
 
-    config.option.loadscopereorder = False  # keep the collection's costliest-first order
     return ModulesTogether(config, log)
-
-
-def _unit(nodeid: str) -> str:
-    """The xdist unit of a test: its module, or the one unit of the shared-fixture modules."""
-    path = nodeid.split("::", 1)[0]
-    return "shared-session-fixtures" if _uses_shared_fixture(path) else path
 
 
 @functools.cache

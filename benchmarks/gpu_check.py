@@ -254,8 +254,11 @@ def check(smoke: bool, parts=PARTS) -> dict:
     if "info" in parts:
         result["info"] = _run_text([py, "-m", "mirrorkit", "info"])
     if "tests" in parts:
+        # One process (-n 0 overrides the suite's -n 2): the GPU tests each take every GPU,
+        # so two pytest-xdist workers would share them, and the CPU smoke run would start two
+        # more TensorFlow interpreters for tests that skip.
         tests = _run_text(
-            [py, "-m", "pytest", "-q", "-rs", "tests/test_gpu.py", "-k", "not script"]
+            [py, "-m", "pytest", "-q", "-rs", "-n", "0", "tests/test_gpu.py", "-k", "not script"]
         )
         lines = tests["stdout"].strip().splitlines()
         tests["summary"] = lines[-1] if lines else ""

@@ -95,6 +95,7 @@ def test_gpu_check_script_smoke_runs_every_part_on_the_cpu(tmp_path):
     assert "TensorFlow" in result["info"]["stdout"] or "tensorflow" in result["info"]["stdout"]
     assert result["tests"]["returncode"] in (0, 5), result["tests"]  # 5: all skipped/deselected
     assert "skipped" in result["tests"]["summary"]
+    assert "bringing up nodes" not in result["tests"]["stdout"]  # one process: no xdist workers
     assert result["allreduce"]["bench"]["ok"] and result["allreduce"]["in_process"]["rows"]
     resnet = result["resnet"]
     assert resnet["replicas"] == 2 and resnet["ratio_mirrorkit_over_plain"] > 0

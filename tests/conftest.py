@@ -8,12 +8,9 @@ initialisation does) runs its code through `fresh`, in a new interpreter.
 
 from __future__ import annotations
 
-import collections
 import functools
-import json
 import os
 import pathlib
-import statistics
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
@@ -49,22 +46,6 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if any(item.get_closest_marker(name) for name in COSTLY):
             item.add_marker(pytest.mark.slow)
-    _longest_units_first(items)
-
-
-def _longest_units_first(items):
-    """Orders the units (`_unit`) by their measured seconds, longest first (`_module_seconds`).
-
-    pytest-xdist hands units out in this order (the scheduler turns its own order, by number
-    of tests, off), so no long module of one or two tests is left for the end while the other
-    process has nothing to do. Within a unit the order is kept.
-    """
-    seconds = json.loads((pathlib.Path(__file__).parent / "module_seconds.json").read_text())
-    median = statistics.median(seconds.values())
-    cost: dict[str, float] = collections.defaultdict(float)
-    for path in {item.nodeid.split("::", 1)[0] for item in items}:
-        cost[_unit(path)] += seconds.get(path, median)
-    items.sort(key=lambda item: (-cost[_unit(item.nodeid)], _unit(item.nodeid)))
 
 
 @pytest.hookimpl(optionalhook=True)  # a pytest-xdist hook: unused without xdist
@@ -73,24 +54,17 @@ def pytest_xdist_make_scheduler(config, log):
 
     A module's tests share its module-scoped fixtures (a fresh process, a job), so they
     run together, on one worker; the modules that use a costly session fixture
-    (`SHARED_SESSION_FIXTURES`) share one unit, so each is computed once per run. Units
-    are handed out longest first (`_longest_units_first`).
+    (`SHARED_SESSION_FIXTURES`) share one unit, so each is computed once per run.
     (xdist's own ``--dist loadgroup`` marks no longer reach its scheduler on pytest 9.2.)
     """
     from xdist.scheduler import LoadScopeScheduling
 
     class ModulesTogether(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
-            return _unit(nodeid)
+            path = nodeid.split("::", 1)[0]
+            return "shared-session-fixtures" if _uses_shared_fixture(path) else path
 
-    config.option.loadscopereorder = False  # keep the collection's order: longest units first
     return ModulesTogether(config, log)
-
-
-def _unit(nodeid: str) -> str:
-    """A test's unit of work: its module, or one unit for the modules sharing a costly fixture."""
-    path = nodeid.split("::", 1)[0]
-    return "shared-session-fixtures" if _uses_shared_fixture(path) else path
 
 
 @functools.cache

@@ -95,9 +95,7 @@ def _stopped_fits_free_their_input():
     up to a minute, so a later test's fit stalled for 20-150 s with no CPU used. Destroyed
     right after the stop they go in well under a second: the finished frames of the
     traceback are cleared (their line numbers stay) and garbage is collected, before the
-    exception goes on to the test (docs/troubleshooting.md says the same to users; the
-    canary `test_distribute.py::test_a_stopped_fits_input_collected_later_stalls_the_collection`
-    shows the stall).
+    exception goes on to the test.
     """
     import gc
     import traceback

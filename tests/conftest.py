@@ -94,10 +94,11 @@ def _stopped_fits_free_their_input():
     later test's fit and blocked there, no CPU used, while TensorFlow destroyed them (155 s
     in test_rescale, 147 s of it in one collection, stack in tf.data's iterator destructor;
     97-112 s in earlier runs). Collected at the end of each test they took up to 7 s, right
-    after each stop (here) under 2 s per test. Here the finished frames of the traceback are cleared (their line numbers
-    stay) and garbage is collected before the exception goes on to the test. Outside the
-    suite the stall was not reproduced reliably (a script that stops a 4-replica fit and
-    collects 20 s later stalled 21 s once and 0.5 s later), so the docs do not claim it.
+    after each stop (here) under 2 s per test. Here the finished frames of the traceback
+    are cleared (their line numbers stay) and garbage is collected before the exception
+    goes on to the test. Outside the suite the stall was not reproduced reliably (a script
+    that stops a 4-replica fit and collects 20 s later stalled 21 s on a loaded machine,
+    0.5 s on an idle one), so the docs do not claim it.
     """
     import gc
     import traceback

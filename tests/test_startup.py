@@ -19,6 +19,7 @@ import time
 import pytest
 
 from mirrorkit.cluster import cluster_info, tf_config
+from mirrorkit.exit_statuses import STARTUP_STOPPED
 from mirrorkit.faults import peer_wait
 from mirrorkit.launcher.ports import free_ports
 
@@ -91,6 +92,7 @@ def test_missing_peer_ends_after_startup_timeout_naming_it_a_sigterm_to_it_alone
     assert err.count("To stop the wait") == 1  # said once, on the first line
     assert f"never came up: worker 1 ({missing})" in err, err[-3000:]
     assert "startup_timeout_s" in err and "Check that every task in TF_CONFIG" in err
+    assert f"This process was stopped (exit status {STARTUP_STOPPED})." in err, err[-3000:]
     assert _group_gone(proc.pid), "a process of the job (the watcher?) is still alive"
 
 
@@ -107,7 +109,7 @@ def _signal_when_waiting(proc: subprocess.Popen, sig: int, to: str = "group") ->
     assert proc.returncode == -signal.SIGKILL, rest[-3000:]
     name = "SIGTERM" if sig == signal.SIGTERM else "SIGINT (Ctrl-C)"
     assert f"{name} received while worker 0 waited" in rest, rest[-3000:]
-    assert "stopped the wait" in rest
+    assert "stopped the wait after" in rest and f"(exit status {STARTUP_STOPPED})." in rest, rest
     assert _group_gone(proc.pid)
 
 

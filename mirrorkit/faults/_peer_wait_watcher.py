@@ -141,7 +141,7 @@ def main(spec: dict) -> None:
             next_report += every
             if chief:
                 missing = _missing(tasks)
-                status = (
+                progress = (
                     f"not up yet: {_names(missing)}"
                     if missing
                     else "all tasks answer; waiting for them to join"
@@ -150,7 +150,7 @@ def main(spec: dict) -> None:
                 hinted = True
                 _say(
                     f"waiting for the other workers ({now - start:.0f} s of "
-                    f"{timeout:g} s startup_timeout_s): {status}{hint}"
+                    f"{timeout:g} s startup_timeout_s): {progress}{hint}"
                 )
 
 

@@ -13,12 +13,28 @@ import os
 import pathlib
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+#: One thread inside each TensorFlow op, in this process and every process a test starts
+#: (inherited), as `mirrorkit launch` gives each pinned worker of a 2-worker job on 2 cores
+#: (`mirrorkit.launcher.pinning.thread_env`). The suite runs 2-5 TensorFlow processes at once
+#: on the 2-core machine, and each one's default pool (a thread per core) spun for work: the
+#: conformance matrix took 19 % less CPU with one (docs/development.md). Tests of the
+#: launcher's own thread settings remove it (`without_suite_threads`).
+SUITE_THREADS = {"TF_NUM_INTRAOP_THREADS": "1"}
+for _name, _value in SUITE_THREADS.items():
+    os.environ.setdefault(_name, _value)
+
 
 import pytest  # noqa: E402
 
 from mirrorkit.launcher.processes import run_function  # noqa: E402
 
 IN_PROCESS_CPUS = 4
+
+
+@pytest.fixture
+def without_suite_threads() -> dict[str, str]:
+    """This environment without the suite's `SUITE_THREADS` (where the user set none)."""
+    return {k: v for k, v in os.environ.items() if SUITE_THREADS.get(k) != v}
 
 
 def pytest_configure(config):
@@ -50,12 +66,18 @@ def pytest_collection_modifyitems(config, items):
 
 @pytest.hookimpl(optionalhook=True)  # a pytest-xdist hook: unused without xdist
 def pytest_xdist_make_scheduler(config, log):
-    """Each test module on one pytest-xdist worker (``-n 2`` in pyproject's addopts).
+    """Each test module on one pytest-xdist worker (``-n 3`` in pyproject's addopts).
 
     A module's tests share its module-scoped fixtures (a fresh process, a job), so they
     run together, on one worker; the modules that use a costly session fixture
     (`SHARED_SESSION_FIXTURES`) share one unit, so each is computed once per run.
     (xdist's own ``--dist loadgroup`` marks no longer reach its scheduler on pytest 9.2.)
+
+    With 3 or more workers the last one is the waiting lane: it runs only the modules
+    marked ``waits`` (``pytestmark``: most of their time is a timeout, a sleep or another
+    engine's daemons, not this machine's CPU), and the others run everything else, so a
+    wait no longer leaves one of the two cores idle. With fewer workers every worker runs
+    any module.
     """
     from xdist.scheduler import LoadScopeScheduling
 
@@ -64,13 +86,35 @@ def pytest_xdist_make_scheduler(config, log):
             path = nodeid.split("::", 1)[0]
             return "shared-session-fixtures" if _uses_shared_fixture(path) else path
 
+        def _lane_fits(self, node, scope: str) -> bool:
+            if len(self.nodes) < 3:
+                return True
+            waiting_lane = node is max(self.nodes, key=lambda n: int(n.gateway.id[2:]))
+            return _waits(scope) == waiting_lane
+
+        def _assign_work_unit(self, node) -> None:
+            scope = next((s for s in self.workqueue if self._lane_fits(node, s)), None)
+            if scope is None:  # nothing left for this lane: the worker ends with its queue
+                node.shutdown()
+                return
+            self.workqueue.move_to_end(scope, last=False)
+            super()._assign_work_unit(node)
+
     return ModulesTogether(config, log)
 
 
 @functools.cache
+def _source(path: str) -> str:
+    return (pathlib.Path(__file__).parent.parent / path).read_text()
+
+
 def _uses_shared_fixture(path: str) -> bool:
-    source = (pathlib.Path(__file__).parent.parent / path).read_text()
-    return any(fixture in source for fixture in SHARED_SESSION_FIXTURES)
+    return any(fixture in _source(path) for fixture in SHARED_SESSION_FIXTURES)
+
+
+def _waits(scope: str) -> bool:
+    """Whether the unit `scope` (a module's path) is a module marked ``waits``."""
+    return scope.endswith(".py") and "pytest.mark.waits" in _source(scope)
 
 
 class _Fresh:
@@ -117,6 +161,21 @@ def _stopped_fits_free_their_input():
     keras.Model.fit = fit
     yield
     del keras.Model.fit
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _modules_free_their_input():
+    """Garbage is collected after each module, while nothing else runs in this process.
+
+    Tests that iterate a distributed dataset part-way (``next(iter(...))``, a loop that
+    stops early) leave its multi-device iterators in reference cycles too; destroyed by a
+    collection inside a later module's fit they blocked there as above (56 s in
+    test_internals after test_doc_examples and test_factory, 67 s in test_distribute).
+    """
+    import gc
+
+    yield
+    gc.collect()
 
 
 @pytest.fixture(autouse=True)

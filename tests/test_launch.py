@@ -121,19 +121,20 @@ with open(os.path.join(sys.argv[1], os.environ["MIRRORKIT_WORKER"]), "w") as f:
 """
 
 
-def _cpus_seen(tmp_path, *flags):
+def _cpus_seen(tmp_path, env, *flags):
     script = tmp_path / "cpus.py"
     script.write_text(REPORT_CPUS)
     out = tmp_path / ("out" + "".join(flags))
     out.mkdir()
-    done = _launch("-n", "2", *flags, str(script), str(out), timeout=60)
+    done = _launch("-n", "2", *flags, str(script), str(out), timeout=60, env=env)
     assert done.returncode == 0, done.stderr
     return done.stderr, [json.loads((out / str(i)).read_text()) for i in range(2)]
 
 
-def test_launch_pins_each_worker_to_its_own_cpus(tmp_path):
+def test_launch_pins_each_worker_to_its_own_cpus(tmp_path, without_suite_threads):
+    """The launcher's own thread settings: the suite's (tests/conftest.py) are taken out."""
     machine = sorted(os.sched_getaffinity(0))
-    said, seen = _cpus_seen(tmp_path)
+    said, seen = _cpus_seen(tmp_path, without_suite_threads)
     if len(machine) >= 2:
         (cpus0, threads0), (cpus1, threads1) = seen
         assert cpus0 and cpus1 and not set(cpus0) & set(cpus1)
@@ -142,7 +143,7 @@ def test_launch_pins_each_worker_to_its_own_cpus(tmp_path):
         assert said.count("pinning each worker to its own CPUs") == 1
     else:
         assert "not pinning: 2 workers but only 1 CPUs" in said
-    said, seen = _cpus_seen(tmp_path, "--no-pin")
+    said, seen = _cpus_seen(tmp_path, without_suite_threads, "--no-pin")
     assert [cpus for cpus, _ in seen] == [machine, machine]
     assert "pinning" not in said
 

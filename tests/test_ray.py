@@ -32,7 +32,7 @@ pytest.importorskip(
 from mirrorkit.launcher import netns  # noqa: E402
 from mirrorkit.launcher.processes import run_function  # noqa: E402
 
-pytestmark = pytest.mark.multiprocess
+pytestmark = [pytest.mark.multiprocess, pytest.mark.waits]  # waits: Ray starts its daemons
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "ray_train.py"
 TOLERANCE = 1e-5
 NOTICE = "TF_USE_LEGACY_KERAS=1 is set (Ray Train sets it); mirrorkit uses Keras 3"

@@ -38,7 +38,7 @@ JOB_TIMEOUT_S = 300
 #: One epoch of 16 steps: enough for the weights to tell a wrong job from a right one.
 EPOCHS = ("--epochs", "1")
 
-pytestmark = pytest.mark.multiprocess
+pytestmark = [pytest.mark.multiprocess, pytest.mark.waits]  # waits: the jobs run under slurmd
 
 
 @pytest.fixture(scope="module")

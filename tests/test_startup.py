@@ -23,6 +23,8 @@ from mirrorkit.exit_statuses import STARTUP_STOPPED
 from mirrorkit.faults import peer_wait
 from mirrorkit.launcher.ports import free_ports
 
+pytestmark = pytest.mark.waits  # most of each test is a peer that never starts
+
 
 def _two_workers() -> tuple[str, str]:
     addresses = tf_config.local_addresses(2)

@@ -18,6 +18,8 @@ import pytest
 
 from mirrorkit.exit_statuses import STEP_HUNG, TIMED_OUT
 
+pytestmark = pytest.mark.waits  # most of each test is the watchdog's timeout
+
 HANG_S = 8
 
 _STUCK_FIT = """

@@ -86,14 +86,13 @@ def pytest_xdist_make_scheduler(config, log):
             path = nodeid.split("::", 1)[0]
             return "shared-session-fixtures" if _uses_shared_fixture(path) else path
 
-        def _lane_fits(self, node, scope: str) -> bool:
-            if len(self.nodes) < 3:
-                return True
-            waiting_lane = node is max(self.nodes, key=lambda n: int(n.gateway.id[2:]))
-            return _waits(scope) == waiting_lane
-
         def _assign_work_unit(self, node) -> None:
-            scope = next((s for s in self.workqueue if self._lane_fits(node, s)), None)
+            nodes = self.nodes
+            if len(nodes) < 3:
+                scope = next(iter(self.workqueue), None)
+            else:
+                lane = node is max(nodes, key=lambda n: int(n.gateway.id[2:]))
+                scope = next((s for s in self.workqueue if _waits(s) == lane), None)
             if scope is None:  # nothing left for this lane: the worker ends with its queue
                 node.shutdown()
                 return

@@ -98,23 +98,26 @@ def test_missing_peer_ends_after_startup_timeout_naming_it_a_sigterm_to_it_alone
     assert _group_gone(proc.pid), "a process of the job (the watcher?) is still alive"
 
 
-def _signal_state(pid: int) -> str:
-    """The process's signal masks and each thread's blocked set (why a signal went unseen)."""
+def _signal_state(pid: int, sig: int) -> str:
+    """The process's signal masks and each thread's blocked set (why `sig` went unseen)."""
     try:
-        status = open(f"/proc/{pid}/status").read().splitlines()
-        lines = [line for line in status if line.startswith(("ShdPnd", "SigIgn", "SigCgt"))]
+        with open(f"/proc/{pid}/status") as process:
+            wanted = ("ShdPnd", "SigIgn", "SigCgt")
+            lines = [line.strip() for line in process if line.startswith(wanted)]
+        takers = 0
         for tid in sorted(os.listdir(f"/proc/{pid}/task"), key=int):
             with open(f"/proc/{pid}/task/{tid}/status") as task:
-                blocked = [line.split()[1] for line in task if line.startswith("SigBlk")]
-            lines.append(f"thread {tid} SigBlk {blocked[0]}")
+                mask = next(line.split()[1] for line in task if line.startswith("SigBlk"))
+            takers += not int(mask, 16) & (1 << (sig - 1))
+            lines.append(f"thread {tid} SigBlk {mask}")
     except OSError as error:
         return f"(signal state unreadable: {error})"
-    return "\n".join(lines)
+    return f"{takers} thread(s) not blocking it:\n" + "\n".join(lines)
 
 
 def _signal_when_waiting(proc: subprocess.Popen, sig: int, to: str = "group") -> None:
     _waiting_line(proc)
-    state = _signal_state(proc.pid)
+    state = _signal_state(proc.pid, sig)
     sent = time.monotonic()
     if to == "group":
         os.killpg(proc.pid, sig)
@@ -122,11 +125,8 @@ def _signal_when_waiting(proc: subprocess.Popen, sig: int, to: str = "group") ->
         os.kill(proc.pid, sig)
     rest = proc.stderr.read()
     proc.wait(timeout=60)
-    masks = [line.split()[-1] for line in state.splitlines() if line.startswith("thread")]
-    takers = sum(not int(mask, 16) & (1 << (sig - 1)) for mask in masks)
     assert time.monotonic() - sent < 15, (
-        f"{rest[-3000:]}\nthe waiting process before the signal ({takers} thread(s) not "
-        f"blocking it):\n{state[:3000]}"
+        f"{rest[-3000:]}\nthe waiting process before the signal: {state[:3000]}"
     )
     assert proc.returncode == -signal.SIGKILL, rest[-3000:]
     name = "SIGTERM" if sig == signal.SIGTERM else "SIGINT (Ctrl-C)"

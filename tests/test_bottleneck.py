@@ -47,12 +47,21 @@ def test_a_missing_per_worker_iterator_method_is_named_and_wraps_nothing(monkeyp
     assert not clock.installed and input_lib.DistributedIterator.get_next is before
 
 
+#: Width of the hidden layers: a step long enough (about 10 ms) that get_next's own Python
+#: work on a prefetched pipeline stays a small share of it on a busy machine (4-6 % beside
+#: three busy loops; with 256 it was 8-12 % idle and 28-29 % there, over the 20 % threshold).
+HIDDEN = 1024
+#: Seconds the planted slow map sleeps a batch: an input wait share of 0.29 beside three busy
+#: loops at 0.03 s with that step, too near the threshold; 0.1 s leaves a wide margin.
+SLOW_MAP_BATCH_S = 0.1
+
+
 def _make_model():
     model = keras.Sequential(
         [
             keras.Input((32,)),
-            keras.layers.Dense(256, activation="relu"),
-            keras.layers.Dense(256, activation="relu"),
+            keras.layers.Dense(HIDDEN, activation="relu"),
+            keras.layers.Dense(HIDDEN, activation="relu"),
             keras.layers.Dense(1),
         ]
     )
@@ -105,7 +114,7 @@ def _fit(slow_s: float):
 
 @pytest.mark.multiprocess
 def test_a_slow_map_is_input_bound(fresh):
-    report, printed, restored = fresh(_fit, 0.03)
+    report, printed, restored = fresh(_fit, SLOW_MAP_BATCH_S)
     epoch = report.epochs[0]
     assert epoch.input_wait_share > 0.2, str(report)
     assert epoch.verdict.startswith("input-bound: ") and "add prefetch" in epoch.verdict

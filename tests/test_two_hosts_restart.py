@@ -27,6 +27,10 @@ import numpy as np
 import pytest
 from _two_hosts import Hosts
 
+#: Most of each test is a wait: for the link to come back, or for start-up timeouts on a
+#: host that stays away (68 s of wall to 38 s of CPU in a full run).
+pytestmark = pytest.mark.waits
+
 TESTS = str(Path(__file__).parent)
 ROOT = str(Path(__file__).parent.parent)
 PORT = 29470

@@ -73,11 +73,10 @@ def pytest_xdist_make_scheduler(config, log):
     (`SHARED_SESSION_FIXTURES`) share one unit, so each is computed once per run.
     (xdist's own ``--dist loadgroup`` marks no longer reach its scheduler on pytest 9.2.)
 
-    With 3 or more workers the last one is the waiting lane: it runs the modules marked
-    ``waits`` (``pytestmark``: most of their time is a timeout, a sleep or another engine's
-    daemons, not this machine's CPU) while the others run everything else, so a wait no
-    longer leaves one of the two cores idle; once its own are done it takes any module
-    left, as does a worker whose own kind is done. With fewer workers every worker runs
+    With 3 or more workers the last one is the waiting lane: it runs only the modules
+    marked ``waits`` (``pytestmark``: most of their time is a timeout, a sleep or another
+    engine's daemons, not this machine's CPU), and the others run everything else, so a
+    wait no longer leaves one of the two cores idle. With fewer workers every worker runs
     any module.
     """
     from xdist.scheduler import LoadScopeScheduling
@@ -89,11 +88,12 @@ def pytest_xdist_make_scheduler(config, log):
 
         def _assign_work_unit(self, node) -> None:
             nodes = self.nodes
-            scope = next(iter(self.workqueue), None)
-            if len(nodes) >= 3:  # its own lane's units first, then whatever is left
+            if len(nodes) < 3:
+                scope = next(iter(self.workqueue), None)
+            else:
                 lane = node is max(nodes, key=lambda n: int(n.gateway.id[2:]))
-                scope = next((s for s in self.workqueue if _waits(s) == lane), scope)
-            if scope is None:  # nothing left: the worker ends with its queue
+                scope = next((s for s in self.workqueue if _waits(s) == lane), None)
+            if scope is None:  # nothing left for this lane: the worker ends with its queue
                 node.shutdown()
                 return
             self.workqueue.move_to_end(scope, last=False)

@@ -47,8 +47,8 @@ def test_a_missing_per_worker_iterator_method_is_named_and_wraps_nothing(monkeyp
     assert not clock.installed and input_lib.DistributedIterator.get_next is before
 
 
-#: Width of the hidden layers: a step long enough (about 10 ms) that get_next's own Python
-#: work on a prefetched pipeline stays a small share of it on a busy machine (4-6 % beside
+#: Width of the hidden layers: a step long enough that get_next's own Python work on a
+#: prefetched pipeline stays a small share of it on a busy machine (3-4 % idle, 5-6 % beside
 #: three busy loops; with 256 it was 8-12 % idle and 28-29 % there, over the 20 % threshold).
 HIDDEN = 1024
 #: Seconds the planted slow map sleeps a batch: an input wait share of 0.29 beside three busy

@@ -137,7 +137,7 @@ def test_each_suspect_is_recognised(model_fn, named):
         assert len(found) == 1 and named in found[0]
 
 
-@pytest.mark.slow
+@pytest.mark.multiprocess  # mk.check_equivalence trains in fresh processes
 def test_a_clean_model_passes():
     report = mk.check_equivalence(clean_model, (X, Y), **CHECK)
     assert report.passed, str(report)
@@ -146,7 +146,7 @@ def test_a_clean_model_passes():
     assert "equivalence PASSED" in str(report) and "PASSED" in report._repr_html_()
 
 
-@pytest.mark.slow
+@pytest.mark.multiprocess  # mk.check_equivalence trains in fresh processes
 @pytest.mark.parametrize(
     "model_fn, named",
     [
@@ -161,7 +161,7 @@ def test_a_planted_cause_fails_and_is_named(model_fn, named):
     assert "equivalence FAILED" in str(report) and named in str(report)
 
 
-@pytest.mark.slow
+@pytest.mark.multiprocess  # mk.check_equivalence trains in fresh processes
 def test_a_guide_train_step_logging_the_scaled_loss_is_named():
     report = mk.check_equivalence(guide_step_model, (X, Y), **CHECK)
     assert report.largest(2) < 1e-5, str(report)  # the weights agree

@@ -83,7 +83,7 @@ def test_bad_arguments(kwargs):
         mk.plan_memory(**args)
 
 
-@pytest.mark.slow
+@pytest.mark.multiprocess  # `mirrorkit plan` measures the model in a fresh process
 def test_plan_command_for_a_bundled_model(capsys):
     from mirrorkit.commands.cli import main
 

@@ -51,7 +51,7 @@ def test_enable_is_idempotent_and_disable_restores():
         "chief_model_save_weights",
         "chief_model_export",
         "class_weight",
-        "custom_train_step_notice",
+        "fit_notices",
         "backup_step_epoch",
         "validation_split_message",
     ]
@@ -92,7 +92,7 @@ def test_strategy_applies_what_it_needs():
         "step_function",
         "gradient_accumulation",
         "class_weight",
-        "custom_train_step_notice",
+        "fit_notices",
         "backup_step_epoch",
         "validation_split_message",
     ]

@@ -20,7 +20,7 @@ pairs it was tested on and the test that reproduces it.
 | ``shared_early_stopping``, ``shared_reduce_lr`` | HybridBackend#88 | ``EarlyStopping``/``ReduceLROnPlateau`` deciding on per-worker values |
 | ``chief_model_save*``, ``chief_model_export`` | none found (``docs/compat.md``) | ``model.save``/``export`` written by every worker |
 | ``class_weight`` | tensorflow#41290 | ``fit(class_weight=...)`` on an `mk.distribute` dataset |
-| ``custom_train_step_notice`` | keras.io guide | (says once) a custom ``train_step`` logging the loss it is handed reads 1/N |
+| ``fit_notices`` | keras.io guide | (says once) a custom ``train_step`` logging the loss it is handed reads 1/N |
 | ``validation_split_message`` | Keras's own limit | ``fit(validation_split=)`` on a distributed dataset: the error says how to split |
 | ``backup_step_epoch`` | none found (``docs/compat.md``) | ``BackupAndRestore(save_freq=N)``'s backups in a resumed epoch record epoch 0 |
 | optimizer state built by `mk.build` | keras#23085 | custom ``tf.function`` loops with Adam under a strategy |
@@ -40,7 +40,7 @@ from mirrorkit.compat import (
     chief_logs,
     chief_saves,
     class_weight,
-    custom_train_step,
+    fit_notices,
     gradient_accumulation,
     multi_worker_reduce,
     shared_monitor,
@@ -61,7 +61,7 @@ REPAIRS: tuple[Repair, ...] = (
     *shared_monitor.REPAIRS,
     *chief_saves.REPAIRS,
     class_weight.REPAIR,
-    custom_train_step.REPAIR,
+    fit_notices.REPAIR,
     backup_epoch.REPAIR,
     validation_split.REPAIR,
 )

@@ -41,7 +41,7 @@ def _replacement(original):
 
 
 REPAIR = Repair(
-    name="custom_train_step_notice",
+    name="fit_notices",
     upstream="keras.io guide 'Customizing what happens in fit()'",
     module="keras.src.backend.tensorflow.trainer",
     target="TensorFlowTrainer.make_train_function",

@@ -38,6 +38,7 @@ _PUBLIC = {
     "WarmUp": "mirrorkit.scale.lr",
     "check_equivalence": "mirrorkit.scale.equivalence",
     "unscale_loss": "mirrorkit.scale.custom_step",
+    "synchronize_batch_norm": "mirrorkit.scale.batchnorm",
     "EquivalenceReport": "mirrorkit.scale.equivalence_report",
     "plan_memory": "mirrorkit.scale.memory",
     "flags": "mirrorkit.flags",

@@ -18,6 +18,7 @@ from mirrorkit.faults.backup import resumable as resumable
 from mirrorkit.faults.preemption_checkpoint import PreemptionCheckpoint as PreemptionCheckpoint
 from mirrorkit.launcher.notebook import launch as launch
 from mirrorkit.pipeline.distributed import distribute as distribute
+from mirrorkit.scale.batchnorm import synchronize_batch_norm as synchronize_batch_norm
 from mirrorkit.scale.custom_step import unscale_loss as unscale_loss
 from mirrorkit.scale.equivalence import check_equivalence as check_equivalence
 from mirrorkit.scale.equivalence_report import EquivalenceReport as EquivalenceReport

@@ -32,6 +32,7 @@ PUBLIC = [
     "resumable",
     "scale_learning_rate",
     "strategy",
+    "synchronize_batch_norm",
     "unscale_loss",
 ]
 FLAGS = [

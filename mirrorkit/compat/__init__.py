@@ -10,9 +10,11 @@ pairs it was tested on and the test that reproduces it.
 
 | repair | upstream | what breaks without it |
 | --- | --- | --- |
-| ``symbolic_build`` | keras#20585, #19246 | multi-worker ``fit``/``evaluate``; a first batch smaller than the replica count; string inputs |
+| ``symbolic_build`` | keras#20585, #19246 | multi-worker ``fit``/``evaluate``; a first batch smaller than the replica count; string inputs; a model without ``call()`` (GANs, VAEs) |
 | ``multi_worker_reduce`` | keras#20585 | multi-worker losses and metrics (``axis=0`` on scalars) |
 | ``step_function`` | keras#21366, tensorflow#56423 | ``steps_per_execution > 1`` and ``jit_compile=True`` with several replicas |
+| ``one_device_*``, ``averaged_gradients`` | keras#19891 | a custom ``train_step`` that reduces its loss by hand trains at N times one device's gradient; Keras's losses log 1/N |
+| ``optimizer_variables`` | keras#23085 (fixed by #23087) | optimizers other than ``model.optimizer`` (``d_optimizer``, ``g_optimizer``), ``MultiOptimizer``, custom loops: "You must feed a value for placeholder tensor" |
 | ``gradient_accumulation`` | none found (``docs/compat.md``) | optimizer ``gradient_accumulation_steps`` with several replicas |
 | ``chief_backup_*``, ``chief_checkpoint_save`` | none found (``docs/compat.md``) | ``BackupAndRestore``/``ModelCheckpoint`` written by every worker |
 | ``chief_tensorboard*``, ``chief_csv_*``, ``chief_progbar`` | tensorboard#1011 | one TensorBoard run, CSV and progress bar per worker |
@@ -20,7 +22,8 @@ pairs it was tested on and the test that reproduces it.
 | ``shared_early_stopping``, ``shared_reduce_lr`` | HybridBackend#88 | ``EarlyStopping``/``ReduceLROnPlateau`` deciding on per-worker values |
 | ``chief_model_save*``, ``chief_model_export`` | none found (``docs/compat.md``) | ``model.save``/``export`` written by every worker |
 | ``class_weight`` | tensorflow#41290 | ``fit(class_weight=...)`` on an `mk.distribute` dataset |
-| ``fit_notices`` | keras.io guide | (says once) a custom ``train_step`` logging the loss it is handed reads 1/N |
+| ``python_logs`` | Keras 3.10 | ``History`` holding a custom metric's variable instead of a number |
+| ``fit_notices`` | keras.io guide, keras#20285 | (says once) a custom ``train_step`` sees one device's losses; trainable BatchNormalization trains on each replica's batch |
 | ``validation_split_message`` | Keras's own limit | ``fit(validation_split=)`` on a distributed dataset: the error says how to split |
 | ``backup_step_epoch`` | none found (``docs/compat.md``) | ``BackupAndRestore(save_freq=N)``'s backups in a resumed epoch record epoch 0 |
 | optimizer state built by `mk.build` | keras#23085 | custom ``tf.function`` loops with Adam under a strategy |
@@ -43,6 +46,9 @@ from mirrorkit.compat import (
     fit_notices,
     gradient_accumulation,
     multi_worker_reduce,
+    one_device_loss,
+    optimizer_variables,
+    python_logs,
     shared_monitor,
     step_function,
     symbolic_build,
@@ -54,6 +60,8 @@ REPAIRS: tuple[Repair, ...] = (
     symbolic_build.REPAIR,
     multi_worker_reduce.REPAIR,
     step_function.REPAIR,
+    *one_device_loss.REPAIRS,
+    optimizer_variables.REPAIR,
     gradient_accumulation.REPAIR,
     *chief_files.REPAIRS,
     *chief_logs.REPAIRS,
@@ -61,6 +69,7 @@ REPAIRS: tuple[Repair, ...] = (
     *shared_monitor.REPAIRS,
     *chief_saves.REPAIRS,
     class_weight.REPAIR,
+    python_logs.REPAIR,
     fit_notices.REPAIR,
     backup_epoch.REPAIR,
     validation_split.REPAIR,
@@ -101,8 +110,12 @@ def enable(strategy: tf.distribute.Strategy | None = None) -> list[str]:
 
 
 def disable() -> None:
-    """Restores every Keras internal that a repair replaced."""
-    for repair in REPAIRS:
+    """Restores every Keras internal that a repair replaced.
+
+    Repairs that replace the same internal wrap one another in `REPAIRS`'
+    order, so they come off in the reverse order.
+    """
+    for repair in reversed(REPAIRS):
         repair.remove()
 
 

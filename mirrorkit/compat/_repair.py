@@ -26,6 +26,9 @@ class Repair:
         target: ``"Class.method"`` or ``"function"`` inside `module`.
         replacement: builds the replacement from the original.
         applies_to: whether a given strategy needs it.
+        needed: whether the installed Keras still has the bug (its canary, read
+            from Keras's own code); when it returns False the repair steps
+            aside, silently: the bug is fixed upstream.
     """
 
     name: str
@@ -34,7 +37,10 @@ class Repair:
     target: str
     replacement: Callable[[Any], Any]
     applies_to: Callable[[Any], bool]
+    needed: Callable[[], bool] = lambda: True
     original: Any = None
+    #: Whether the owner held the target itself (not inherited from a base class).
+    owned: bool = True
 
     @property
     def active(self) -> bool:
@@ -57,8 +63,8 @@ class Repair:
         return owner, attr
 
     def apply(self) -> bool:
-        """Puts the replacement in place; returns False if it already was."""
-        if self.active:
+        """Puts the replacement in place; returns False if it already was, or is not needed."""
+        if self.active or not self.needed():
             return False
         try:
             owner, attr = self._owner_and_attr()
@@ -74,14 +80,18 @@ class Repair:
         original = getattr(owner, attr)
         replacement = self.replacement(original)  # may raise InternalChangedError
         self.original = original
+        self.owned = attr in vars(owner)
         setattr(owner, attr, replacement)
         return True
 
     def remove(self) -> None:
-        """Restores Keras's original."""
+        """Restores Keras's original (an inherited method is inherited again)."""
         if self.active:
             owner, attr = self._owner_and_attr()
-            setattr(owner, attr, self.original)
+            if self.owned:
+                setattr(owner, attr, self.original)
+            else:
+                delattr(owner, attr)
             self.original = None
 
 

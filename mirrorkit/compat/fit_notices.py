@@ -1,39 +1,49 @@
-"""Notice: a custom ``train_step`` under several replicas logs whatever loss it is handed.
+"""Notices at ``fit``: a custom ``train_step``, and batch normalisation that trains per replica.
 
-Upstream: the keras.io guide "Customizing what happens in fit()"
-(``loss = self.compute_loss(...)``, then ``self.loss_tracker.update_state(loss)``);
-``docs/compat.md``, "Custom train_step and the logged loss". Keras's losses
-return each replica's loss divided by the replica count (so that summed
-gradients equal one device's); Keras's own ``train_step`` multiplies it back
-before logging, a custom one does not, so its logged loss reads 1/N of one
-device's while the weights agree. Nothing can tell from outside what a custom
-step logs, so this repair changes nothing: when ``fit`` starts on a model whose
-class overrides ``train_step`` under several replicas, it says once, on the
-chief, what to log instead (`mk.unscale_loss`).
+Not Keras bugs; ``docs/compat.md``, "Losses in your own train_step" and
+"Batch normalisation at fit". When ``fit`` (or ``train_on_batch``) makes its
+train function under several replicas, the chief says once:
+
+- for a model whose class overrides ``train_step``: that inside ``fit``
+  every loss is one device's loss (`mirrorkit.compat.one_device_loss`), so
+  the step is written as for one device, and what that rules out (a loss
+  summed over the batch by hand, or scaled by the replica count);
+- for trainable ``BatchNormalization`` layers without ``synchronized=True``
+  (`mirrorkit.scale.batchnorm.check`), whatever built the model: `mk.build`,
+  ``strategy.scope()``, or a base model unfrozen since (``trainable = True``
+  before compiling again, as the transfer-learning guide does).
+
+The replacement of ``make_train_function`` changes nothing else.
 """
 
 from __future__ import annotations
 
 from mirrorkit.cluster import chief
 from mirrorkit.compat._repair import Repair, spans_replicas
+from mirrorkit.scale import batchnorm
 from mirrorkit.scale.custom_step import custom_train_step
+
+
+def say_custom_step(owner: str, replicas: int) -> None:
+    """Says once that `owner`'s ``train_step`` sees one device's losses under `replicas`."""
+    chief.say_once(
+        f"custom-train-step-{owner}",
+        f"{owner} overrides train_step: inside fit, mirrorkit makes every loss one device's "
+        f"loss on each replica's part of the batch and averages the {replicas} replicas' "
+        "gradients, so write and log it as for one device (a mean over the batch: ops.mean, "
+        "keras.losses, self.compute_loss). A loss summed over the batch by hand is 1/"
+        f"{replicas} of one device's; do not scale a loss by the replica count yourself",
+    )
 
 
 def _replacement(original):
     def make_train_function(self, *args, **kwargs):
-        owner = custom_train_step(self)
         strategy = self.distribute_strategy
-        if owner is not None and strategy.num_replicas_in_sync > 1:
-            n = strategy.num_replicas_in_sync
-            chief.say_once(
-                f"custom-train-step-{owner}",
-                f"{owner} overrides train_step: under {n} replicas Keras's losses "
-                f"(self.compute_loss, keras.losses.*) return each replica's loss divided by {n}, "
-                "so that the summed gradients equal one device's; a loss you log yourself reads "
-                f"1/{n} of one device's. Log mk.unscale_loss(loss) (e.g. "
-                "self.loss_tracker.update_state(mk.unscale_loss(loss))); keep the scaled loss "
-                "for the gradient",
-            )
+        if spans_replicas(strategy):
+            owner = custom_train_step(self)
+            if owner is not None:
+                say_custom_step(owner, strategy.num_replicas_in_sync)
+            batchnorm.check(self, strategy)
         return original(self, *args, **kwargs)
 
     make_train_function.__wrapped__ = original
@@ -42,7 +52,7 @@ def _replacement(original):
 
 REPAIR = Repair(
     name="fit_notices",
-    upstream="keras.io guide 'Customizing what happens in fit()'",
+    upstream="keras.io guide 'Customizing what happens in fit()'; keras-team/keras#20285",
     module="keras.src.backend.tensorflow.trainer",
     target="TensorFlowTrainer.make_train_function",
     replacement=_replacement,

@@ -15,7 +15,9 @@ The replacement keeps Keras's mechanism (its accumulator variables, its
 it may synchronise: each replica adds its own gradients to its own copy of
 the accumulators, then one ``merge_call`` enters the cross-replica context,
 where the ``cond`` either stores the local sums or, on every K-th step,
-all-reduces the K-step averages ONCE (one ``batch_reduce_to``), applies weight
+all-reduces the K-step averages ONCE (one ``batch_reduce_to``: a mean in
+``fit``'s step, where losses are one device's, `mirrorkit.compat.one_device_loss`;
+a sum elsewhere, as Keras's own all-reduce), applies weight
 decay and the optimizer's update step, and clears the accumulators. So each
 replica trains on K micro-batches and the replicas communicate once per
 optimizer step; the result equals one step on the K-times larger global
@@ -32,6 +34,7 @@ import tensorflow as tf
 
 from mirrorkit import internals
 from mirrorkit.compat._repair import Repair, spans_replicas
+from mirrorkit.training import fit_step
 
 
 def _needs_repair(optimizer) -> bool:
@@ -97,8 +100,11 @@ def _replacement(original):
             is_update_step = (self._iterations + 1) % steps == 0
 
             def apply():
+                # fit's step averages the replicas' gradients (compat.one_device_loss)
+                reduce_op = tf.distribute.ReduceOp
+                op = reduce_op.MEAN if fit_step.active() else reduce_op.SUM
                 reduced = distribution.extended.batch_reduce_to(
-                    tf.distribute.ReduceOp.SUM, list(zip(averages, variables, strict=True))
+                    op, list(zip(averages, variables, strict=True))
                 )
                 _cross_replica_weight_decay(self, distribution, variables)
                 self._distributed_tf_update_step(

@@ -18,6 +18,15 @@ the cache filled part-way, and ``evaluate`` counted 160-256 of 400 examples
 (``docs/compat.md``, "First-batch build"). When the input has no element spec
 it reads Keras's epoch iterator, whatever the shape of its items
 (``docs/compat.md``, "Epoch iterator items").
+
+A model whose class defines no ``call()`` (the keras.io GANs and VAE define
+only ``train_step``) cannot be built from a batch: Keras's own symbolic build
+fails ("Unable to automatically build the model") under any strategy, while
+on one device Keras defers the build to the traced step. The replacement
+defers it too (``docs/compat.md``, "Models without call()"). A model built
+outside every strategy's scope, handed a distributed dataset, gets an error
+that names the cause and the fix instead of Keras's ``Only input tensors may
+be passed as positional arguments`` about a ``PerReplica`` value.
 """
 
 from __future__ import annotations
@@ -65,16 +74,46 @@ def _first_local_spec(spec):
     return spec
 
 
-def _spec_batch(epoch_iterator):
-    """Shapes and dtypes of one local batch, from the input's element spec (no batch read)."""
-    dataset = internals.require(
+def _epoch_dataset(epoch_iterator):
+    """The (distributed) dataset Keras's epoch iterator reads."""
+    return internals.require(
         epoch_iterator, "_distributed_dataset", name="keras TFEpochIterator._distributed_dataset",
         used_for=_USED_FOR,
     )  # fmt: skip
+
+
+def _spec_batch(epoch_iterator):
+    """Shapes and dtypes of one local batch, from the input's element spec (no batch read)."""
+    dataset = _epoch_dataset(epoch_iterator)
     spec = getattr(dataset, "element_spec", None)  # public on every tf.data/tf.distribute input
     if spec is None:
         return None
     return tf.nest.map_structure(_first_local_spec, spec)
+
+
+def defines_call(model: keras.Model) -> bool:
+    """Whether `model`'s class (or a Keras model class it derives from) defines ``call()``."""
+    owner = next((cls for cls in type(model).__mro__ if "call" in vars(cls)), None)
+    return owner not in (None, keras.Model, keras.layers.Layer)
+
+
+def _check_built_under_a_strategy(model, iterator) -> None:
+    """Raises if a model made outside every strategy's scope is handed per-replica input."""
+    if iterator is None:
+        return
+    spec = getattr(_epoch_dataset(iterator), "element_spec", None)
+    per_replica = [s for s in tf.nest.flatten(spec) if type(s).__name__ == "PerReplicaSpec"]
+    if not per_replica:
+        return
+    raise ValueError(
+        f"{type(model).__name__} was built outside any strategy's scope, so its variables live "
+        "on one device, but it was handed a distributed dataset (per-replica batches, e.g. "
+        "from mk.distribute). Build and compile the model under the strategy that distributed "
+        "the data: model = mk.build(make_model, strategy), or put the model's construction and "
+        "compile() under `with strategy.scope():`. A model that is already trained can be "
+        "saved and loaded again under the scope (model.save(path), then "
+        "keras.models.load_model(path) inside `with strategy.scope():`)."
+    )
 
 
 def _replacement(original):
@@ -87,7 +126,10 @@ def _replacement(original):
             self, "_symbolic_build", name="keras Trainer._symbolic_build", used_for=_USED_FOR
         )
         if strategy is None:
+            _check_built_under_a_strategy(self, iterator)
             return original(self, iterator=iterator, data_batch=data_batch)
+        if not defines_call(self):
+            return  # as on one device: the traced step builds what it uses
         if iterator is not None:
             data_batch = _spec_batch(iterator)
         if iterator is not None and data_batch is None:
@@ -112,11 +154,19 @@ def _replacement(original):
     return _maybe_symbolic_build
 
 
+def _models_build_under_it(strategy) -> bool:
+    """Whether Keras builds a model made under `strategy` symbolically: any but the default."""
+    if spans_replicas(strategy):
+        return True
+    with strategy.scope():
+        return tf.distribute.has_strategy()  # False only for TensorFlow's default strategy
+
+
 REPAIR = Repair(
     name="symbolic_build",
     upstream="keras-team/keras#20585, #19246",
     module="keras.src.backend.tensorflow.trainer",
     target="TensorFlowTrainer._maybe_symbolic_build",
     replacement=_replacement,
-    applies_to=spans_replicas,
+    applies_to=_models_build_under_it,
 )

@@ -1,15 +1,14 @@
-"""Custom ``train_step`` under N replicas: the loss Keras hands it is scaled by 1/N.
+"""Custom ``train_step`` under N replicas: which class overrides it, and `unscale_loss`.
 
-Under a strategy with N replicas, every Keras loss (``self.compute_loss``,
-``keras.losses.*`` objects) returns each replica's mean loss divided by N, so
-that the all-reduce, which sums the replicas' gradients, gives one device's
-gradient of the global batch. Keras's own ``train_step`` multiplies the value
-back before logging it; a custom ``train_step`` written as in the keras.io
-guide ("Customizing what happens in fit()") logs it as it is, so its logged
-loss reads 1/N of one device's while its weights agree. `unscale_loss` is
-the one-line fix::
-
-    self.loss_tracker.update_state(mk.unscale_loss(loss))
+Under a strategy with N replicas, plain Keras divides every Keras loss
+(``self.compute_loss``, ``keras.losses.*`` objects) by N, so that the
+all-reduce, which sums the replicas' gradients, gives one device's gradient
+of the global batch; a custom ``train_step`` that logs such a loss logs 1/N
+of one device's. Inside ``fit`` mirrorkit removes that difference
+(`mirrorkit.compat.one_device_loss`): every loss there is one device's and
+the gradients are averaged, so a custom ``train_step`` needs no change.
+`unscale_loss` is for the other places a Keras loss is computed under a
+strategy: a custom ``tf.function`` loop that calls ``strategy.run`` itself.
 """
 
 from __future__ import annotations
@@ -19,20 +18,27 @@ from typing import Any
 import keras
 import tensorflow as tf
 
+from mirrorkit.training import fit_step
+
 
 def unscale_loss(loss: Any) -> Any:
     """The loss a Keras loss returned inside a replica, as one device would log it.
 
-    Multiplies by the replicas in sync (nothing under one replica), undoing the
-    1/N that Keras's losses apply under a strategy so that summed gradients
-    equal one device's. Use it for what you log, never for the gradient.
+    In a custom loop (``strategy.run`` in your own ``tf.function``) Keras's
+    losses return each replica's loss divided by the replicas in sync, so that
+    summed gradients equal one device's; this multiplies it back. Inside
+    ``fit``'s ``train_step``/``test_step`` mirrorkit already makes every loss
+    one device's, so there it returns `loss` unchanged (code written for
+    earlier mirrorkit releases keeps working). Use it for what you log, never
+    for the gradient.
 
     Args:
         loss: a loss tensor from ``self.compute_loss(...)`` or a Keras loss
-            object, inside ``train_step``/``test_step``.
+            object, computed inside a replica.
 
     Returns:
-        ``loss`` times ``num_replicas_in_sync`` of the current strategy.
+        ``loss`` times ``num_replicas_in_sync`` of the current strategy, or
+        ``loss`` itself inside ``fit``'s step and under one replica.
 
     Example:
     ```python
@@ -41,38 +47,31 @@ def unscale_loss(loss: Any) -> Any:
     import tensorflow as tf
     import mirrorkit as mk
 
-    class Model(keras.Model):
-        def __init__(self, **kwargs):
-            super().__init__(**kwargs)
-            self.dense = keras.layers.Dense(1)
-            self.loss_tracker = keras.metrics.Mean(name="loss")
-
-        def call(self, x):
-            return self.dense(x)
-
-        def train_step(self, data):
-            x, y = data
-            with tf.GradientTape() as tape:
-                loss = self.compute_loss(y=y, y_pred=self(x, training=True))
-            grads = tape.gradient(loss, self.trainable_variables)
-            self.optimizer.apply(grads, self.trainable_variables)
-            self.loss_tracker.update_state(mk.unscale_loss(loss))  # as on one device
-            return {"loss": self.loss_tracker.result()}
-
-        @property
-        def metrics(self):
-            return [self.loss_tracker]
-
     strategy = mk.strategy(cpu_replicas=2)
     with strategy.scope():
-        model = Model()
+        model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)])
         model.compile(optimizer="sgd", loss="mse")
+        loss_fn = keras.losses.MeanSquaredError()
+
+    @tf.function
+    def train_step(x, y):
+        def replica_step(x, y):
+            with tf.GradientTape() as tape:
+                loss = loss_fn(y, model(x, training=True))  # divided by 2 replicas
+            grads = tape.gradient(loss, model.trainable_variables)
+            model.optimizer.apply(grads, model.trainable_variables)
+            return mk.unscale_loss(loss)  # this replica's loss, as one device logs it
+
+        losses = strategy.run(replica_step, args=(x, y))
+        return strategy.reduce("MEAN", losses, axis=None)
+
     x, y = np.ones((64, 3), "float32"), np.zeros((64, 1), "float32")
-    model.fit(mk.distribute((x, y), strategy, global_batch_size=32), epochs=1)
+    for x_batch, y_batch in mk.distribute((x, y), strategy, global_batch_size=32):
+        print(float(train_step(x_batch, y_batch)))
     ```
     """
     replicas = tf.distribute.get_strategy().num_replicas_in_sync
-    if replicas == 1:
+    if replicas == 1 or fit_step.active():
         return loss
     loss = tf.convert_to_tensor(loss)
     return loss * tf.cast(replicas, loss.dtype)

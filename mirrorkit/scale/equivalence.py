@@ -40,12 +40,10 @@ def check_equivalence(
     `steps` global batches of `batch_size` examples, on that many CPU
     replicas. When a layer differs by more than `tolerance`, the report names
     the causes it recognises: random layers (dropout, noise), batch
-    normalisation without synchronisation, a loss summed rather than averaged
-    over the global batch (``reduction="sum"``), a custom ``train_step``
-    (which must average over the global batch), and non-deterministic ops.
-    The values ``fit`` logs last (loss, metrics) are compared too: a custom
-    ``train_step`` that logs the loss Keras handed it reads 1/N of one
-    device's under N replicas, and the report names it (`mk.unscale_loss`).
+    normalisation without synchronisation, a custom ``train_step`` (whose
+    losses must be means over the batch, as one device's), and
+    non-deterministic ops. The values ``fit`` logs last (loss, metrics) are
+    compared too.
 
     Args:
         model_fn: a function of no arguments returning a compiled `keras.Model`
@@ -100,11 +98,11 @@ def check_equivalence(
     )
     passed = weights_agree and not logs
     causes = [] if weights_agree else _causes(first["suspects"], rerun, tolerance, reference)
-    causes += _scaled_log_causes(first["suspects"], runs, first["logs"], logs, reference)
-    if logs and weights_agree and not causes:
+    if logs and weights_agree:
         causes.append(
             "the weights agree but logged values differ: a custom train_step or metric logs "
-            "per-replica values (e.g. a loss Keras scaled by 1/N; log mk.unscale_loss(loss))"
+            "values that are not one device's (e.g. a loss scaled by the replica count by hand, "
+            "or a metric that keeps per-replica state outside Keras's metric variables)"
         )
     return EquivalenceReport(
         passed=passed,
@@ -248,29 +246,6 @@ def _logs_differing(got: dict, want: dict, tolerance: float) -> dict[str, float]
         if diff > tolerance:
             differing[name] = diff
     return differing
-
-
-def _scaled_log_causes(
-    found: dict, runs: dict, reference_logs: dict, differing: dict, reference: int
-) -> list[str]:
-    """Names a custom train_step whose logged values read 1/N of the reference's."""
-    causes = []
-    for n, names in differing.items():
-        scaled = [
-            name
-            for name in names
-            if reference_logs[name]
-            and abs(runs[n]["logs"][name] * n / reference - reference_logs[name])
-            <= 1e-3 * abs(reference_logs[name])
-        ]
-        if scaled and found["train_step"]:
-            causes.append(
-                f"{found['train_step']}.train_step logs {', '.join(map(repr, scaled))} as Keras's "
-                f"loss hands it under {n} replicas: divided by {n} (the weights are unaffected). "
-                "Log mk.unscale_loss(loss), e.g. self.loss_tracker.update_state("
-                "mk.unscale_loss(loss))"
-            )
-    return causes
 
 
 def _causes(found: dict, rerun: float, tolerance: float, reference: int) -> list[str]:

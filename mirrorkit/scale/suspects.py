@@ -2,9 +2,10 @@
 
 `mk.check_equivalence` names these when the weights differ: layers that draw
 random numbers (each replica draws its own), batch normalisation with
-per-replica statistics, a loss summed instead of averaged over the global
-batch, and a custom ``train_step`` (which must average over the global batch
-itself).
+per-replica statistics, and a custom ``train_step`` (whose losses must be
+means over the batch, as one device's; `mirrorkit.compat.one_device_loss`).
+A loss reduced with ``reduction="sum"`` is no suspect: inside ``fit`` it is
+one device's sum over the global batch.
 """
 
 from __future__ import annotations
@@ -26,8 +27,7 @@ def find(model: keras.Model) -> dict[str, Any]:
     Returns:
         ``random``: ``[(layer name, class name)]`` of layers with a Keras
         seed generator; ``batch_norm``: unsynchronised BatchNormalization
-        layer names; ``loss_reduction``: the loss's reduction when it is not
-        an average; ``train_step``: the class that overrides ``train_step``.
+        layer names; ``train_step``: the class that overrides ``train_step``.
     """
     layers = all_layers(model)
     random = [
@@ -38,7 +38,6 @@ def find(model: keras.Model) -> dict[str, Any]:
     return {
         "random": random,
         "batch_norm": unsynchronized_batch_norm(model),
-        "loss_reduction": _summed_reduction(getattr(model, "loss", None)),
         "train_step": custom_train_step(model),
     }
 
@@ -55,26 +54,16 @@ def describe(found: dict[str, Any]) -> list[str]:
     if found["batch_norm"]:
         lines.append(
             f"batch norm without synchronisation: {', '.join(found['batch_norm'])} use each "
-            "replica's batch statistics; use BatchNormalization(synchronized=True)"
-        )
-    if found["loss_reduction"]:
-        lines.append(
-            f"the loss is not averaged over the global batch (reduction="
-            f"{found['loss_reduction']!r}): the replicas' losses add up to N times one device's; "
-            "use reduction='sum_over_batch_size' (the default) or scale the learning rate"
+            "replica's batch statistics; use BatchNormalization(synchronized=True) or "
+            "mk.synchronize_batch_norm(model)"
         )
     if found["train_step"]:
         lines.append(
-            f"custom train_step ({found['train_step']}.train_step): under N replicas it must "
-            "average over the GLOBAL batch, e.g. use self.compute_loss(...) (scaled by the "
-            "replica count) or divide a per-example sum by the global batch size, not sum the "
-            "replicas' averages"
+            f"custom train_step ({found['train_step']}.train_step): inside fit each replica's "
+            "losses are one device's on its part of the batch and the gradients are averaged, "
+            "so every loss must be a mean over the batch (ops.mean, keras.losses, "
+            "self.compute_loss, tf.nn.compute_average_loss); a loss summed over the batch by "
+            "hand is 1/N of one device's, one divided by the global batch size or the replica "
+            "count by hand is off by N"
         )
     return lines
-
-
-def _summed_reduction(loss: Any) -> str | None:
-    reduction = getattr(loss, "reduction", None)
-    if reduction in ("sum", "none", None):
-        return reduction
-    return None

@@ -1,0 +1,152 @@
+"""Repair: inside ``fit``'s step every loss is one device's, and gradients are averaged.
+
+Upstream: Keras's loss scaling for tf.distribute (keras-team/keras#19891,
+fixed in 3.7-3.8 by #20541/#20609/#20610 for Keras's own ``train_step``);
+``docs/compat.md``, "Losses in your own train_step". Under N replicas Keras
+divides the loss of its ``keras.losses`` objects and ``compute_loss`` by N
+and its optimizer sums the replicas' gradients. A custom ``train_step`` that
+reduces its loss by hand (the keras.io VAE's ``ops.mean`` of
+``keras.losses.binary_crossentropy``, WGAN-GP's ``tf.reduce_mean``
+expressions) is not divided, so it trains at N times one device's gradient,
+silently; one that logs a Keras loss logs 1/N of one device's value.
+
+The repair changes where the 1/N is applied, only while a replica runs a
+step ``fit``, ``evaluate``, ``train_on_batch`` or ``test_on_batch`` made
+(`mirrorkit.training.fit_step`): Keras's loss scaling and unscaling do
+nothing there, ``sum``-reduced Keras losses are multiplied by N (so that the
+replicas' mean is the global sum one device computes), ``tf.nn``'s
+``compute_average_loss`` and ``scale_regularization_loss`` return one
+device's value, and the optimizer divides each replica's gradients by N
+before its summing all-reduce (after clipping, which so acts on each
+replica's own gradient, as near to one device's as clipping before the
+all-reduce can be). Every loss a step computes is then one device's loss on
+its part of the batch and every gradient is one device's; custom loops
+outside ``fit`` keep TensorFlow's contract. Where the split is uneven
+``mk.distribute`` drops the remainder, as averaging equal shares needs.
+"""
+
+from __future__ import annotations
+
+import tensorflow as tf
+
+from mirrorkit.compat._repair import Repair, spans_replicas
+from mirrorkit.training import fit_step
+
+_TRAINER = "keras.src.backend.tensorflow.trainer"
+_LOSSES = "keras.src.losses.loss"
+_OPTIMIZER = "keras.src.backend.tensorflow.optimizer"
+_UPSTREAM = "keras-team/keras#19891 (loss scaling under tf.distribute)"
+
+
+def _mark_steps(original):
+    def _make_function(self, step_function):
+        return original(self, fit_step.wrap(step_function))
+
+    _make_function.__wrapped__ = original
+    return _make_function
+
+
+def _unchanged_in_step(original):
+    """For Keras's ``(un)scale_loss_for_distribution``: nothing to do inside a step."""
+
+    def replacement(value):
+        return value if fit_step.active() else original(value)
+
+    replacement.__name__ = original.__name__
+    replacement.__wrapped__ = original
+    return replacement
+
+
+def _times_replicas(value):
+    replicas = fit_step.replicas()
+    return value if replicas == 1 else value * tf.cast(replicas, value.dtype)
+
+
+def _sum_as_one_device(original):
+    def reduce_values(values, sample_weight=None, reduction="sum_over_batch_size"):
+        loss = original(values, sample_weight, reduction)
+        if reduction == "sum" and fit_step.active() and tuple(values.shape) not in ((), (0,)):
+            return _times_replicas(loss)
+        return loss
+
+    reduce_values.__wrapped__ = original
+    return reduce_values
+
+
+def _average_loss_as_one_device(original):
+    def compute_average_loss(per_example_loss, sample_weight=None, global_batch_size=None):
+        loss = original(
+            per_example_loss, sample_weight=sample_weight, global_batch_size=global_batch_size
+        )
+        return _times_replicas(loss) if fit_step.active() else loss
+
+    compute_average_loss.__wrapped__ = original
+    compute_average_loss.__doc__ = original.__doc__
+    return compute_average_loss
+
+
+def _regularization_as_one_device(original):
+    def scale_regularization_loss(regularization_loss):
+        loss = original(regularization_loss)
+        return _times_replicas(loss) if fit_step.active() else loss
+
+    scale_regularization_loss.__wrapped__ = original
+    scale_regularization_loss.__doc__ = original.__doc__
+    return scale_regularization_loss
+
+
+def divided(gradient, replicas: int):
+    """`gradient` (a tensor, `tf.IndexedSlices` or None) divided by `replicas`."""
+    if gradient is None:
+        return None
+    if isinstance(gradient, tf.IndexedSlices):
+        values = gradient.values / tf.cast(replicas, gradient.values.dtype)
+        return tf.IndexedSlices(values, gradient.indices, gradient.dense_shape)
+    return gradient / tf.cast(replicas, gradient.dtype)
+
+
+def _averaged_gradients(original):
+    def _backend_update_step(self, grads, trainable_variables, learning_rate):
+        replicas = fit_step.averaging_replicas()
+        if replicas > 1:
+            grads = [divided(g, replicas) for g in grads]
+        return original(self, grads, trainable_variables, learning_rate)
+
+    _backend_update_step.__wrapped__ = original
+    return _backend_update_step
+
+
+def _repair(name: str, module: str, target: str, replacement) -> Repair:
+    return Repair(
+        name=name,
+        upstream=_UPSTREAM,
+        module=module,
+        target=target,
+        replacement=replacement,
+        applies_to=spans_replicas,
+    )
+
+
+REPAIRS = (
+    _repair("one_device_step", _TRAINER, "TensorFlowTrainer._make_function", _mark_steps),
+    _repair("one_device_loss_scale", _LOSSES, "scale_loss_for_distribution", _unchanged_in_step),
+    _repair(
+        "one_device_loss_unscale", _LOSSES, "unscale_loss_for_distribution", _unchanged_in_step
+    ),
+    _repair("one_device_sum_loss", _LOSSES, "reduce_values", _sum_as_one_device),
+    _repair(
+        "one_device_average_loss",
+        "tensorflow",
+        "nn.compute_average_loss",
+        _average_loss_as_one_device,
+    ),  # fmt: skip
+    _repair(
+        "one_device_regularization_loss",
+        "tensorflow",
+        "nn.scale_regularization_loss",
+        _regularization_as_one_device,
+    ),  # fmt: skip
+    _repair(
+        "averaged_gradients", _OPTIMIZER, "TFOptimizer._backend_update_step", _averaged_gradients
+    ),
+)

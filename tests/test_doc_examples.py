@@ -70,6 +70,8 @@ def test_example(
     if example.not_run:
         compile(example.code, example.id, "exec")  # still valid Python
         pytest.skip(f"not run: {example.not_run}")
+    if re.search(r"^import keras_hub$", example.code, re.MULTILINE):
+        pytest.importorskip("keras_hub", reason="the hub extra: pip install -e '.[hub]'")
     if example.script:
         output = run_script(example, tmp_path)
         for place in places:

@@ -34,7 +34,10 @@ DOCS = ROOT / "docs"
 README = ROOT / "README.md"
 INIT = ROOT / "mirrorkit" / "__init__.py"
 
-NUMBERS = {2: "two", 3: "three", 4: "four", 5: "five", 6: "six", 7: "seven", 8: "eight"}
+NUMBERS = {
+    2: "two", 3: "three", 4: "four", 5: "five", 6: "six", 7: "seven", 8: "eight", 9: "nine",
+    10: "ten", 11: "eleven", 12: "twelve", 13: "thirteen", 14: "fourteen", 15: "fifteen",
+}  # fmt: skip
 
 
 def _assigned(path: Path, name: str):

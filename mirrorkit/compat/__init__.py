@@ -22,6 +22,7 @@ pairs it was tested on and the test that reproduces it.
 | ``shared_early_stopping``, ``shared_reduce_lr`` | HybridBackend#88 | ``EarlyStopping``/``ReduceLROnPlateau`` deciding on per-worker values |
 | ``chief_model_save*``, ``chief_model_export`` | none found (``docs/compat.md``) | ``model.save``/``export`` written by every worker |
 | ``class_weight`` | tensorflow#41290 | ``fit(class_weight=...)`` on an `mk.distribute` dataset |
+| ``keras_hub_inputs`` | keras-hub 0.32 | a keras-hub task's ``fit``/``evaluate``/``predict`` on an `mk.distribute` dataset (applied once keras-hub is imported) |
 | ``python_logs`` | Keras 3.10 | ``History`` holding a custom metric's variable instead of a number |
 | ``fit_notices`` | keras.io guide, keras#20285 | (says once) a custom ``train_step`` sees one device's losses; trainable BatchNormalization trains on each replica's batch |
 | ``validation_split_message`` | Keras's own limit | ``fit(validation_split=)`` on a distributed dataset: the error says how to split |
@@ -45,6 +46,7 @@ from mirrorkit.compat import (
     class_weight,
     fit_notices,
     gradient_accumulation,
+    keras_hub_inputs,
     multi_worker_reduce,
     one_device_loss,
     optimizer_variables,
@@ -69,6 +71,7 @@ REPAIRS: tuple[Repair, ...] = (
     *shared_monitor.REPAIRS,
     *chief_saves.REPAIRS,
     class_weight.REPAIR,
+    keras_hub_inputs.REPAIR,
     python_logs.REPAIR,
     fit_notices.REPAIR,
     backup_epoch.REPAIR,

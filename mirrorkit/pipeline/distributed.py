@@ -16,6 +16,7 @@ import tensorflow as tf
 
 from mirrorkit.cluster import chief
 from mirrorkit.cluster import workers as workers_lib
+from mirrorkit.compat import keras_hub_inputs
 from mirrorkit.pipeline import assemble, batch_sizes, batched, sources, tfds_source
 from mirrorkit.pipeline.options import Options
 from mirrorkit.strategies import current
@@ -141,6 +142,7 @@ def distribute(
     )
     if strategy is None:  # resolved now, so that with_class_weight rebuilds for this strategy
         strategy = current.current_strategy()
+    keras_hub_inputs.apply_if_imported()  # a keras-hub task takes this dataset
     arguments = dict(locals())
     made, seed = _distribute(**arguments)
 

@@ -13,7 +13,7 @@ The two differ only in the lines a user changes to go data-parallel;
 `changed_lines` counts them with difflib and each module states the count in
 ``LINES_CHANGED``, which the test checks. ``write_data(workdir)`` writes the
 stand-in data set. Both functions return `outcome(...)`: the History, final
-weights and ``optimizer.iterations``, to be compared number by number.
+weights and every optimizer's ``iterations``, to be compared number by number.
 
 `run_all` runs every example of one placement in one fresh process (TensorFlow
 starts once), deterministically: `keras.utils.set_random_seed` before each
@@ -37,6 +37,24 @@ EXAMPLES = (
     "mnist_convnet",
     "imbalanced_classification",
     "custom_train_step",
+    "dcgan",
+    "wgan_gp",
+    "vae",
+    "knowledge_distillation",
+    "subclassing_add_loss",
+    "transfer_learning",
+)
+
+#: The examples that write their own training step or loss (GANs, VAEs, distillation, add_loss)
+#: or fine-tune a pretrained base: also run on 2 workers (tests/test_keras_io_examples.py).
+OWN_STEPS = (
+    "custom_train_step",
+    "dcgan",
+    "wgan_gp",
+    "vae",
+    "knowledge_distillation",
+    "subclassing_add_loss",
+    "transfer_learning",
 )
 
 SEED = 1337
@@ -46,18 +64,35 @@ def load(name: str):
     return importlib.import_module(f"keras_io.{name}")
 
 
+def optimizers(model) -> dict:
+    """Every optimizer `model` holds, by attribute (``d_optimizer``, ...), with those inside
+    a ``LossScaleOptimizer`` or ``MultiOptimizer``."""
+    import keras
+
+    found = {}
+    for name, value in vars(model).items():
+        if isinstance(value, keras.optimizers.Optimizer):
+            found[name] = value
+            if hasattr(value, "inner_optimizer"):
+                found[f"{name}.inner_optimizer"] = value.inner_optimizer
+            for i, inner in enumerate(getattr(value, "optimizers", None) or []):
+                found[f"{name}.optimizers[{i}]"] = inner
+    return found
+
+
 def outcome(model, history, **extra):
-    """The numbers to compare: History, final weights, optimizer steps, and `extra`."""
+    """The numbers to compare: History, final weights, every optimizer's steps, and `extra`."""
     return {
         "history": {k: [float(v) for v in vs] for k, vs in history.history.items()},
         "weights": [w.copy() for w in model.get_weights()],
-        "iterations": int(model.optimizer.iterations.numpy()),
+        "iterations": {k: int(o.iterations.numpy()) for k, o in optimizers(model).items()},
         **extra,
     }
 
 
-def run_one(name: str, workdir: str, cpu_replicas: int | None):
-    """One example: `original` when cpu_replicas is None, else `ported`."""
+def run_one(name: str, workdir: str, cpu_replicas: int | None, port: bool):
+    """One example: `ported` on `cpu_replicas` (None: ``mk.strategy()``'s choice, e.g. the
+    workers of a job) when `port`, else `original`."""
     import keras
     import tensorflow as tf
 
@@ -65,21 +100,26 @@ def run_one(name: str, workdir: str, cpu_replicas: int | None):
     keras.utils.set_random_seed(SEED)
     tf.config.experimental.enable_op_determinism()
     module = load(name)
-    if cpu_replicas is None:
+    if not port:
         return module.original(os.path.join(workdir, name))
     return module.ported(os.path.join(workdir, name), cpu_replicas)
 
 
-def run_all(workdir: str, cpu_replicas: int | None, names=EXAMPLES):
-    """In a fresh process: every example; name -> outcome, or {"error": traceback}."""
-    if cpu_replicas is not None:  # first: TensorFlow fixes its devices at first use
+def run_all(workdir: str, cpu_replicas: int | None, names=EXAMPLES, port=None):
+    """In a fresh process: every example; name -> outcome, or {"error": traceback}.
+
+    `port` (default: whether `cpu_replicas` is given) runs the ported examples; with
+    ``cpu_replicas=None`` they run on ``mk.strategy()``'s choice (a worker's job).
+    """
+    port = cpu_replicas is not None if port is None else port
+    if port:  # first: TensorFlow fixes its devices at first use
         import mirrorkit as mk
 
         mk.strategy(cpu_replicas=cpu_replicas)
     results = {}
     for name in names:
         try:
-            results[name] = run_one(name, workdir, cpu_replicas)
+            results[name] = run_one(name, workdir, cpu_replicas, port)
         except Exception:  # noqa: BLE001 - each example's failure is reported on its own
             results[name] = {"error": traceback.format_exc()}
     return results

@@ -1,25 +1,30 @@
 # Customizing what happens in fit() with TensorFlow, ported to mirrorkit.
 #
 # Original: https://keras.io/guides/custom_train_step_in_tensorflow/
-# (keras-io guides/custom_train_step_in_tensorflow.py), its first two examples: "A first simple
-# example" (a train_step with self.compute_loss, updating the metric named "loss" with the loss
-# and the others with (y, y_pred)) and "Going lower-level" (its own loss_fn, loss_tracker and
-# mae_metric, compile(optimizer="adam") only), each trained with fit on NumPy arrays.
+# (keras-io guides/custom_train_step_in_tensorflow.py), its first four examples: "A first
+# simple example" (a train_step with self.compute_loss, updating the metric named "loss" with the
+# loss and the others with (y, y_pred)), "Going lower-level" (its own loss_fn, loss_tracker and
+# mae_metric, compile(optimizer="adam") only), "Supporting sample_weight & class_weight" (a
+# train_step that unpacks (x, y, sample_weight) and weighs its loss and metrics, fit with
+# sample_weight=) and "Providing your own evaluation step" (a test_step, evaluate on arrays);
+# each trained with fit on NumPy arrays.
 #
 # Changed in both functions (not for mirrorkit): stand-in data from a seeded generator (1,024
 # rows instead of 1,000 unseeded np.random.random rows, so that batches of 32 divide them);
 # 2 epochs instead of 3 and 5; fit(shuffle=False) so that one device and the replicas see the
-# same batches; the second class renamed LowerLevelModel (the guide reuses CustomModel).
+# same batches; the classes after the first renamed LowerLevelModel, WeightedModel and
+# EvaluatedModel (the guide reuses CustomModel).
 #
 # Changed for mirrorkit (`ported` against `original`, LINES_CHANGED, counted by difflib):
 # import mirrorkit; strategy = mk.strategy(...); `with strategy.scope():` around each model's
-# construction and compile (re-indented); the arrays through mk.distribute; and the loss each
-# train_step logs through mk.unscale_loss (under N replicas Keras's losses return 1/N of the
-# replica's loss, so that summed gradients equal one device's; mirrorkit says so once).
+# construction and compile (re-indented); the arrays through mk.distribute (evaluate, as the
+# README's conversion says, is unchanged). The train_steps and the test_step are unchanged:
+# inside fit every loss is one device's, so what they log is what one device logs (plain Keras
+# under a strategy logs 1/N of it).
 
 import numpy as np
 
-LINES_CHANGED = {"added": 20, "removed": 15, "reindented": 11}
+LINES_CHANGED = {"added": 32, "removed": 24, "reindented": 21}
 
 
 def write_data(workdir):
@@ -124,6 +129,82 @@ def original(workdir):
     # Just use `fit` as usual -- you can use callbacks, etc.
     history = lower.fit(x, y, epochs=2, shuffle=False)
 
+    class WeightedModel(keras.Model):
+        def train_step(self, data):
+            # Unpack the data. Its structure depends on your model and
+            # on what you pass to `fit()`.
+            if len(data) == 3:
+                x, y, sample_weight = data
+            else:
+                sample_weight = None
+                x, y = data
+
+            with tf.GradientTape() as tape:
+                y_pred = self(x, training=True)  # Forward pass
+                # Compute the loss value.
+                # The loss function is configured in `compile()`.
+                loss = self.compute_loss(
+                    y=y,
+                    y_pred=y_pred,
+                    sample_weight=sample_weight,
+                )
+
+            # Compute gradients
+            trainable_vars = self.trainable_variables
+            gradients = tape.gradient(loss, trainable_vars)
+
+            # Update weights
+            self.optimizer.apply(gradients, trainable_vars)
+
+            # Update the metrics.
+            # Metrics are configured in `compile()`.
+            for metric in self.metrics:
+                if metric.name == "loss":
+                    metric.update_state(loss)
+                else:
+                    metric.update_state(y, y_pred, sample_weight=sample_weight)
+
+            # Return a dict mapping metric names to current value.
+            # Note that it will include the loss (tracked in self.metrics).
+            return {m.name: m.result() for m in self.metrics}
+
+    # Construct and compile an instance of WeightedModel
+    inputs = keras.Input(shape=(32,))
+    outputs = keras.layers.Dense(1)(inputs)
+    weighted = WeightedModel(inputs, outputs)
+    weighted.compile(optimizer="adam", loss="mse", metrics=["mae"])
+
+    # You can now use sample_weight argument
+    sw = np.random.default_rng(1).random((1024, 1))
+    weighted_history = weighted.fit(x, y, sample_weight=sw, epochs=2, shuffle=False)
+
+    class EvaluatedModel(keras.Model):
+        def test_step(self, data):
+            # Unpack the data
+            x, y = data
+            # Compute predictions
+            y_pred = self(x, training=False)
+            # Updates the metrics tracking the loss
+            loss = self.compute_loss(y=y, y_pred=y_pred)
+            # Update the metrics.
+            for metric in self.metrics:
+                if metric.name == "loss":
+                    metric.update_state(loss)
+                else:
+                    metric.update_state(y, y_pred)
+            # Return a dict mapping metric names to current value.
+            # Note that it will include the loss (tracked in self.metrics).
+            return {m.name: m.result() for m in self.metrics}
+
+    # Construct an instance of EvaluatedModel
+    inputs = keras.Input(shape=(32,))
+    outputs = keras.layers.Dense(1)(inputs)
+    evaluated = EvaluatedModel(inputs, outputs)
+    evaluated.compile(loss="mse", metrics=["mae"])
+
+    # Evaluate with our custom test_step
+    evaluation = evaluated.evaluate(x, y)
+
     from keras_io import outcome
 
     return outcome(
@@ -133,6 +214,11 @@ def original(workdir):
         first_mae=first.history["mae"],
         first_weights=np.concatenate([w.ravel() for w in model.get_weights()]),
         first_iterations=int(model.optimizer.iterations.numpy()),
+        weighted_loss=weighted_history.history["loss"],
+        weighted_mae=weighted_history.history["mae"],
+        weighted_weights=np.concatenate([w.ravel() for w in weighted.get_weights()]),
+        weighted_iterations=int(weighted.optimizer.iterations.numpy()),
+        evaluation=evaluation,
     )
 
 
@@ -169,7 +255,7 @@ def ported(workdir, cpu_replicas):
             # Update metrics (includes the metric that tracks the loss)
             for metric in self.metrics:
                 if metric.name == "loss":
-                    metric.update_state(mk.unscale_loss(loss))
+                    metric.update_state(loss)
                 else:
                     metric.update_state(y, y_pred)
 
@@ -212,7 +298,7 @@ def ported(workdir, cpu_replicas):
             self.optimizer.apply(gradients, trainable_vars)
 
             # Compute our own metrics
-            self.loss_tracker.update_state(mk.unscale_loss(loss))
+            self.loss_tracker.update_state(loss)
             self.mae_metric.update_state(y, y_pred)
             return {
                 "loss": self.loss_tracker.result(),
@@ -238,6 +324,85 @@ def ported(workdir, cpu_replicas):
     # Just use `fit` as usual -- you can use callbacks, etc.
     history = lower.fit(train, epochs=2)
 
+    class WeightedModel(keras.Model):
+        def train_step(self, data):
+            # Unpack the data. Its structure depends on your model and
+            # on what you pass to `fit()`.
+            if len(data) == 3:
+                x, y, sample_weight = data
+            else:
+                sample_weight = None
+                x, y = data
+
+            with tf.GradientTape() as tape:
+                y_pred = self(x, training=True)  # Forward pass
+                # Compute the loss value.
+                # The loss function is configured in `compile()`.
+                loss = self.compute_loss(
+                    y=y,
+                    y_pred=y_pred,
+                    sample_weight=sample_weight,
+                )
+
+            # Compute gradients
+            trainable_vars = self.trainable_variables
+            gradients = tape.gradient(loss, trainable_vars)
+
+            # Update weights
+            self.optimizer.apply(gradients, trainable_vars)
+
+            # Update the metrics.
+            # Metrics are configured in `compile()`.
+            for metric in self.metrics:
+                if metric.name == "loss":
+                    metric.update_state(loss)
+                else:
+                    metric.update_state(y, y_pred, sample_weight=sample_weight)
+
+            # Return a dict mapping metric names to current value.
+            # Note that it will include the loss (tracked in self.metrics).
+            return {m.name: m.result() for m in self.metrics}
+
+    with strategy.scope():
+        # Construct and compile an instance of WeightedModel
+        inputs = keras.Input(shape=(32,))
+        outputs = keras.layers.Dense(1)(inputs)
+        weighted = WeightedModel(inputs, outputs)
+        weighted.compile(optimizer="adam", loss="mse", metrics=["mae"])
+
+    # You can now use sample_weight argument
+    sw = np.random.default_rng(1).random((1024, 1))
+    weighted_train = mk.distribute((x, y, sw), strategy, global_batch_size=32, shuffle=False)
+    weighted_history = weighted.fit(weighted_train, epochs=2)
+
+    class EvaluatedModel(keras.Model):
+        def test_step(self, data):
+            # Unpack the data
+            x, y = data
+            # Compute predictions
+            y_pred = self(x, training=False)
+            # Updates the metrics tracking the loss
+            loss = self.compute_loss(y=y, y_pred=y_pred)
+            # Update the metrics.
+            for metric in self.metrics:
+                if metric.name == "loss":
+                    metric.update_state(loss)
+                else:
+                    metric.update_state(y, y_pred)
+            # Return a dict mapping metric names to current value.
+            # Note that it will include the loss (tracked in self.metrics).
+            return {m.name: m.result() for m in self.metrics}
+
+    with strategy.scope():
+        # Construct an instance of EvaluatedModel
+        inputs = keras.Input(shape=(32,))
+        outputs = keras.layers.Dense(1)(inputs)
+        evaluated = EvaluatedModel(inputs, outputs)
+        evaluated.compile(loss="mse", metrics=["mae"])
+
+    # Evaluate with our custom test_step
+    evaluation = evaluated.evaluate(x, y)
+
     from keras_io import outcome
 
     return outcome(
@@ -247,4 +412,9 @@ def ported(workdir, cpu_replicas):
         first_mae=first.history["mae"],
         first_weights=np.concatenate([w.ravel() for w in model.get_weights()]),
         first_iterations=int(model.optimizer.iterations.numpy()),
+        weighted_loss=weighted_history.history["loss"],
+        weighted_mae=weighted_history.history["mae"],
+        weighted_weights=np.concatenate([w.ravel() for w in weighted.get_weights()]),
+        weighted_iterations=int(weighted.optimizer.iterations.numpy()),
+        evaluation=evaluation,
     )

@@ -54,8 +54,15 @@ _SCRIPT_RUNS: dict[str, tuple[str, Path]] = {}
 _PRINTED: dict[str, str] = {}
 
 
+#: An example that imports this optional extra skips without it, and is slow with it (importing
+#: keras-hub costs seconds of CPU in the pytest process).
+_KERAS_HUB = re.compile(r"^import keras_hub$", re.MULTILINE)
+
+
 def _param(example: Example, ids: list[str]):
     marks = [pytest.mark.multiprocess] if example.starts_processes and not example.not_run else []
+    if _KERAS_HUB.search(example.code):
+        marks.append(pytest.mark.slow)
     return pytest.param(example, ids, id=example.id, marks=marks)
 
 
@@ -70,7 +77,7 @@ def test_example(
     if example.not_run:
         compile(example.code, example.id, "exec")  # still valid Python
         pytest.skip(f"not run: {example.not_run}")
-    if re.search(r"^import keras_hub$", example.code, re.MULTILINE):
+    if _KERAS_HUB.search(example.code):
         pytest.importorskip("keras_hub", reason="the hub extra: pip install -e '.[hub]'")
     if example.script:
         output = run_script(example, tmp_path)

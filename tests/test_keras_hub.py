@@ -122,6 +122,7 @@ def test_a_task_on_two_workers_equals_one_device_and_the_workers_agree(placement
         _assert_as_one_device(placements["one"], worker, f"worker {i}")
 
 
+@pytest.mark.slow  # imports keras-hub (seconds) and fits a task in the pytest process
 def test_a_task_with_a_preprocessor_is_told_to_preprocess_in_the_pipeline():
     import mirrorkit as mk
 

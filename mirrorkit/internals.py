@@ -55,6 +55,40 @@ def changed(name: str, used_for: str, problem: str = "it is missing") -> Interna
     return InternalChangedError(_message(name, used_for, problem))
 
 
+#: Private classes a Keras release renamed: the name mirrorkit's repairs and guards use (the
+#: tested releases') -> the names later releases use for the same class, newest first.
+RENAMED = {
+    # keras-nightly 3.16 (the TensorFlow trainer's rewrite, keras-team/keras#23179): the
+    # TensorFlow trainer is keras.src.backend.tensorflow.trainer.Trainer, and the
+    # backend-independent keras.src.trainers.trainer.Trainer is BaseTrainer.
+    "TensorFlowTrainer": ("Trainer",),
+}
+
+
+def renamed(owner: Any, name: str) -> str | None:
+    """The name under which `owner` holds the class `name`: itself, or a later name from `RENAMED`.
+
+    Args:
+        owner: the module (or class) that holds the class.
+        name: the class's name in the tested Keras releases, e.g. ``"TensorFlowTrainer"``.
+
+    Returns:
+        `name` or its later name; None when `owner` holds neither.
+
+    Example:
+    ```python
+    from mirrorkit import internals
+
+    trainer = internals.load_module("keras.src.backend.tensorflow.trainer", used_for="a repair")
+    print(internals.renamed(trainer, "TensorFlowTrainer"))  # "Trainer" on Keras 3.16
+    ```
+    """
+    for candidate in (name, *RENAMED.get(name, ())):
+        if hasattr(owner, candidate):
+            return candidate
+    return None
+
+
 def require(owner: Any, attr: str, *, name: str, used_for: str) -> Any:
     """Returns ``getattr(owner, attr)``, or raises `InternalChangedError` naming it.
 

@@ -9,6 +9,8 @@ what CI's version matrix runs (``.ci/run``; see ``docs/compat.md``).
 from __future__ import annotations
 
 import dataclasses
+import functools
+import sys
 from importlib import metadata
 
 #: The exact (TensorFlow, Keras) pairs CI's matrix installs, oldest first; each
@@ -18,6 +20,17 @@ MATRIX = {
     "middle": ("2.19.1", "3.10.0"),
     "newest": ("2.21.0", "3.15.1"),
 }
+
+
+#: The nightly pair CI's "next" leg runs (``ci/constraints-next.txt``; `ci/refresh-next.sh`
+#: moves it to the newest nightlies): tf-nightly-cpu and keras-nightly, pinned by date. It is
+#: tested, but not a release: the tested range above stays the releases'.
+NEXT = ("2.22.0.dev20260905", "3.16.0.dev2026102704")
+
+
+def normalized(version: str) -> str:
+    """A version as pip writes it: ``tf.__version__`` 2.22.0-dev20260905 is 2.22.0.dev20260905."""
+    return version.replace("-dev", ".dev")
 
 
 def parse(version: str) -> tuple[int, int]:
@@ -50,13 +63,30 @@ def tested_range() -> str:
     return f"TensorFlow {_label(TESTED_TENSORFLOW)} with Keras {_label(TESTED_KERAS)}"
 
 
-def _installed(distribution: str, *alternatives: str) -> str | None:
-    for name in (distribution, *alternatives):
+def _installed(package: str) -> str | None:
+    """The version of the importable `package`, without importing it.
+
+    The module's own ``__version__`` when it is imported already (``tf.__version__``);
+    else the version of whichever distribution installed it: TensorFlow ships as
+    ``tensorflow``, ``tensorflow-cpu``, ``tf-nightly``, ``tf-nightly-cpu`` and others,
+    Keras as ``keras`` and ``keras-nightly``.
+    """
+    module = sys.modules.get(package)
+    version = getattr(module, "__version__", None)  # public; None while it is being imported
+    if isinstance(version, str):
+        return version
+    for distribution in _distributions().get(package, ()):
         try:
-            return metadata.version(name)
+            return metadata.version(distribution)
         except metadata.PackageNotFoundError:
             continue
     return None
+
+
+@functools.lru_cache(maxsize=1)
+def _distributions() -> dict[str, list[str]]:
+    """Top-level package -> the distributions that install it (read once, no imports)."""
+    return metadata.packages_distributions()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -79,6 +109,13 @@ class Installed:
         )
 
     @property
+    def is_next(self) -> bool:
+        """Whether this is exactly the nightly pair CI's "next" leg runs (`NEXT`)."""
+        if self.tensorflow is None or self.keras is None:
+            return False
+        return (normalized(self.tensorflow), normalized(self.keras)) == NEXT
+
+    @property
     def in_tested_range(self) -> bool:
         """Whether both versions lie inside the range CI's matrix runs."""
         if self.tensorflow is None or self.keras is None:
@@ -92,6 +129,11 @@ class Installed:
         pair = f"TensorFlow {self.tensorflow or 'missing'}, Keras {self.keras or 'missing'}"
         if self.in_tested_range:
             return f"{pair}: inside the tested range ({tested_range()})"
+        if self.is_next:
+            return (
+                f"{pair}: the nightly pair CI's 'next' leg tests (newer than the tested "
+                f"releases, {tested_range()}); see docs/versions.md"
+            )
         return (
             f"{pair}: OUTSIDE the tested range ({tested_range()}); mirrorkit may still "
             "work, see docs/compat.md"
@@ -99,7 +141,10 @@ class Installed:
 
 
 def installed() -> Installed:
-    """The installed pair, read from package metadata (imports no TensorFlow).
+    """The installed pair, without importing TensorFlow.
+
+    The modules' own versions when they are imported, else the metadata of
+    whichever distribution installed them (``tf-nightly-cpu`` too).
 
     Returns:
         An `Installed` value.
@@ -111,7 +156,4 @@ def installed() -> Installed:
     print(versions.installed().describe())
     ```
     """
-    return Installed(
-        tensorflow=_installed("tensorflow", "tensorflow-cpu", "tf-nightly", "tensorflow-intel"),
-        keras=_installed("keras", "keras-nightly"),
-    )
+    return Installed(tensorflow=_installed("tensorflow"), keras=_installed("keras"))

@@ -252,8 +252,15 @@ def test_a_model_without_call_fails_to_build_upstream(take_away):
 
 @pytest.mark.upstream
 def test_optimizers_under_other_names_fail_upstream(take_away):
+    """keras#23085: fails where the optimizer_variables repair is needed; trains where Keras
+    has shipped its fix (#23087, keras-nightly 3.16) and the repair steps aside."""
+    from mirrorkit.compat import optimizer_variables
+
     strategy = mk.strategy(cpu_replicas=2)
     take_away({"optimizer_variables"})
+    if not optimizer_variables.REPAIR.needed():
+        train(strategy, make_gan, (X, Z), epochs=1)
+        return
     with pytest.raises(Exception, match="placeholder"):
         train(strategy, make_gan, (X, Z), epochs=1)
 

@@ -29,6 +29,29 @@ def test_constraint_files_pin_the_matrix_pairs(leg):
     assert (pins["tensorflow"], pins["keras"]) == versions.MATRIX[leg]
 
 
+def test_constraint_file_pins_the_next_pair():
+    pins = _pins(ROOT / "ci" / "constraints-next.txt")
+    assert (pins["tf-nightly-cpu"], pins["keras-nightly"]) == versions.NEXT
+    script = (ROOT / ".ci" / "run").read_text()
+    assert "\nnext_leg\n" in script and "ci/constraints-next.txt" in script
+
+
+@pytest.mark.parametrize(
+    ("tf_version", "keras_version", "is_next"),
+    [
+        ("2.22.0-dev20260905", "3.16.0.dev2026102704", True),  # tf.__version__'s spelling
+        ("2.22.0.dev20260905", "3.16.0.dev2026102704", True),  # the distribution's
+        ("2.22.0.dev20260906", "3.16.0.dev2026102704", False),  # another night
+        ("2.21.0", "3.15.1", False),
+    ],
+)
+def test_the_next_pair_is_recognised_exactly(monkeypatch, tf_version, keras_version, is_next):
+    monkeypatch.setattr(versions, "NEXT", ("2.22.0.dev20260905", "3.16.0.dev2026102704"))
+    found = versions.Installed(tf_version, keras_version)
+    assert found.is_next is is_next
+    assert ("the nightly pair CI's 'next' leg tests" in found.describe()) is is_next
+
+
 def test_pyproject_floors_are_the_oldest_pair():
     text = (ROOT / "pyproject.toml").read_text()
     floors = dict(re.findall(r'"(tensorflow|keras)>=([0-9.]+)"', text))
@@ -52,9 +75,10 @@ def test_tested_range_spans_the_matrix():
 def test_the_running_pair_is_read_and_inside_the_range():
     found = versions.installed()
     assert (found.tensorflow, found.keras) == (tf.__version__, keras.__version__)
-    # Every leg of CI's matrix installs a pair inside the range it states.
-    assert found.in_tested_range, found.describe()
-    assert "inside the tested range" in found.describe()
+    # Every leg of CI's matrix installs a pair inside the range it states; the next leg the
+    # nightly pair it pins.
+    assert found.in_tested_range or found.is_next, found.describe()
+    assert "inside the tested range" in found.describe() or found.is_next
 
 
 @pytest.mark.parametrize(
@@ -86,7 +110,7 @@ def test_compat_warns_once_for_a_newer_keras(monkeypatch):
         compat.enable()  # said once
 
 
-def test_compat_is_quiet_inside_the_range(monkeypatch):
+def test_compat_is_quiet_inside_the_range(monkeypatch):  # and on the next leg's nightly pair
     monkeypatch.setattr(chief, "_said", set())
     with warnings.catch_warnings():
         warnings.simplefilter("error")

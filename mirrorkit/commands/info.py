@@ -79,6 +79,7 @@ def _tested_range() -> dict[str, Any]:
     found = versions.installed()
     return {
         "inside": found.in_tested_range,
+        "next": found.is_next,
         "range": versions.tested_range(),
         "tensorflow": [".".join(map(str, v)) for v in versions.TESTED_TENSORFLOW],
         "keras": [".".join(map(str, v)) for v in versions.TESTED_KERAS],

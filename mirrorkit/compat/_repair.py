@@ -57,9 +57,10 @@ class Repair:
         owner = internals.load_module(self.module, used_for=used_for)
         *path, attr = self.target.split(".")
         for part in path:  # the class: the repairs' targets are listed in docs/compat.md
-            if not hasattr(owner, part):
+            found = internals.renamed(owner, part)  # a class a later Keras renamed, too
+            if found is None:
                 raise internals.changed(f"keras {self.module}.{'.'.join(path)}", used_for)
-            owner = getattr(owner, part)
+            owner = getattr(owner, found)
         return owner, attr
 
     def apply(self) -> bool:

@@ -14,7 +14,8 @@ The repair changes where the 1/N is applied, only while a replica runs a
 step ``fit``, ``evaluate``, ``train_on_batch`` or ``test_on_batch`` made
 (`mirrorkit.training.fit_step`): Keras's loss scaling and unscaling do
 nothing there, ``sum``-reduced Keras losses are multiplied by N (so that the
-replicas' mean is the global sum one device computes), ``tf.nn``'s
+replicas' mean is the global sum one device computes) and a replica's loss
+of no examples is 0, ``tf.nn``'s
 ``compute_average_loss`` and ``scale_regularization_loss`` return one
 device's value, and the optimizer divides each replica's gradients by N
 before its summing all-reduce (after clipping, which so acts on each
@@ -62,10 +63,19 @@ def _times_replicas(value):
     return value if replicas == 1 else value * tf.cast(replicas, value.dtype)
 
 
-def _sum_as_one_device(original):
+def _reduced_as_one_device(original):
     def reduce_values(values, sample_weight=None, reduction="sum_over_batch_size"):
         loss = original(values, sample_weight, reduction)
-        if reduction == "sum" and fit_step.active() and tuple(values.shape) not in ((), (0,)):
+        if not fit_step.active() or reduction in (None, "none"):
+            return loss
+        if tuple(values.shape) == (0,):
+            # A replica whose part of the batch is empty: Keras hands the empty values back
+            # unreduced when their shape is known (keras-nightly 3.16 traces the first step
+            # with the first batch's own shapes), and its loss tracker then reads NaN. One
+            # device's loss of no examples is 0, as Keras's divide_no_nan gives it otherwise
+            # (the sum of the empty values: its gradient is zeros, not missing).
+            return tf.reduce_sum(values)
+        if reduction == "sum" and tuple(values.shape) != ():
             return _times_replicas(loss)
         return loss
 
@@ -133,7 +143,7 @@ REPAIRS = (
     _repair(
         "one_device_loss_unscale", _LOSSES, "unscale_loss_for_distribution", _unchanged_in_step
     ),
-    _repair("one_device_sum_loss", _LOSSES, "reduce_values", _sum_as_one_device),
+    _repair("one_device_reduction", _LOSSES, "reduce_values", _reduced_as_one_device),
     _repair(
         "one_device_average_loss",
         "tensorflow",

@@ -328,12 +328,20 @@ def test_a_custom_loop_outside_fit_keeps_tensorflow_contract():
     assert float(scaled) == pytest.approx(2.0) and float(unscaled) == pytest.approx(4.0)
 
 
-def test_a_model_built_outside_the_scope_is_told_what_to_do():
+def test_a_model_built_outside_the_scope_is_told_what_to_do(tmp_path):
     strategy = mk.strategy(cpu_replicas=2)
     model = make_summed()  # no scope
     data = mk.distribute((X, X[:, 0, :1, 0]), strategy, global_batch_size=BATCH)
     with pytest.raises(ValueError, match=r"built outside any strategy's scope.*mk\.build"):
         model.fit(data, epochs=1, verbose=0)
+    # What the error says for a model already trained: save it, load it under the scope.
+    model.fit(X, X[:, 0, :1, 0], epochs=1, verbose=0)
+    model.save(tmp_path / "model.keras")
+    with strategy.scope():
+        loaded = keras.models.load_model(tmp_path / "model.keras")
+    assert isinstance(loaded.weights[0].value, tf.distribute.DistributedValues)
+    loaded.fit(data, epochs=1, verbose=0)
+    assert int(loaded.optimizer.iterations.numpy()) == 2 + 4  # its optimizer state came along
 
 
 def _with_batch_norm():

@@ -59,6 +59,8 @@ def test_enable_is_idempotent_and_disable_restores():
         "chief_model_save_weights",
         "chief_model_export",
         "class_weight",
+        "one_iterator",
+        "one_iterator_validation",
         "keras_hub_inputs",
         "python_logs",
         "fit_notices",
@@ -101,7 +103,14 @@ def test_strategy_applies_what_it_needs():
     # and a model made under it is built symbolically by Keras (a model without call() is not);
     # keras_hub_inputs only once keras-hub is imported, python_logs only where Keras needs it
     fixed_upstream = {repair.name for repair in compat.REPAIRS if not repair.needed()}
-    expected = ["symbolic_build", "class_weight", "keras_hub_inputs", "validation_split_message"]
+    expected = [
+        "symbolic_build",
+        "class_weight",
+        "one_iterator",
+        "one_iterator_validation",
+        "keras_hub_inputs",
+        "validation_split_message",
+    ]
     assert compat.active() == [name for name in expected if name not in fixed_upstream]
     mk.strategy(cpu_replicas=2)
     expected = [
@@ -117,6 +126,8 @@ def test_strategy_applies_what_it_needs():
         "optimizer_variables",
         "gradient_accumulation",
         "class_weight",
+        "one_iterator",
+        "one_iterator_validation",
         "keras_hub_inputs",
         "python_logs",  # where its bug is not fixed (Keras 3.10)
         "fit_notices",

@@ -171,7 +171,7 @@ def _distribute_global_batches(
     dataset: tf.data.Dataset, strategy: tf.distribute.Strategy, options: Options, workers: int
 ) -> tf.distribute.DistributedDataset:
     """Weights, prefetches and shards a pipeline of global batches; TensorFlow splits each."""
-    dataset = weigh_classes(dataset, options)
+    dataset = repeat_if_asked(weigh_classes(dataset, options), options)
     if options.prefetch:
         dataset = dataset.prefetch(tf.data.AUTOTUNE)
     shard = "example" if options.shard == "auto" else options.shard
@@ -240,6 +240,7 @@ def per_worker_tfds(
             dataset = dataset.map(options.preprocess, num_parallel_calls=tf.data.AUTOTUNE)
         dataset = dataset.batch(sizes.per_replica_batch_size, drop_remainder=True)
         dataset = weigh_classes(dataset.take(steps * local_replicas), options)
+        dataset = repeat_if_asked(dataset, options)
         return dataset.prefetch(tf.data.AUTOTUNE) if options.prefetch else dataset
 
     distributed = strategy.distribute_datasets_from_function(worker_pipeline)
@@ -276,11 +277,20 @@ def from_function(
                 "with input_context.get_per_replica_batch_size(global_batch_size), or return "
                 "unbatched examples and let mk.distribute batch them."
             )
-        dataset = weigh_classes(dataset, options)
+        dataset = repeat_if_asked(weigh_classes(dataset, options), options)
         return dataset.prefetch(tf.data.AUTOTUNE) if options.prefetch else dataset
 
     distributed = strategy.distribute_datasets_from_function(worker_pipeline)
     return describe(distributed, sizes, None, None, 0)
+
+
+def repeat_if_asked(dataset: tf.data.Dataset, options: Options) -> tf.data.Dataset:
+    """The epoch's batches, repeated endlessly for ``fit``'s one iterator (`options.repeat`).
+
+    Batched before it repeats, so no batch spans two epochs: each repetition is one
+    epoch as the pipeline makes it (its own shuffled order, the same dropped remainder).
+    """
+    return dataset.repeat() if options.repeat else dataset
 
 
 def weigh_classes(dataset: tf.data.Dataset, options: Options) -> tf.data.Dataset:

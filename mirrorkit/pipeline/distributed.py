@@ -17,7 +17,7 @@ import tensorflow as tf
 from mirrorkit.cluster import chief
 from mirrorkit.cluster import workers as workers_lib
 from mirrorkit.compat import keras_hub_inputs
-from mirrorkit.pipeline import assemble, batch_sizes, batched, sources, tfds_source
+from mirrorkit.pipeline import assemble, batch_sizes, batched, repeating, sources, tfds_source
 from mirrorkit.pipeline.options import Options
 from mirrorkit.strategies import current
 
@@ -149,7 +149,14 @@ def distribute(
     def with_class_weight(weights: dict[int, float]) -> tf.distribute.DistributedDataset:
         return distribute(**{**arguments, "seed": seed, "class_weight": weights})
 
+    def twin(class_weight: dict[int, float] | None) -> tf.distribute.DistributedDataset:
+        again = {**arguments, "seed": seed}
+        if class_weight is not None:
+            again["class_weight"] = class_weight
+        return _distribute(**again, repeat=True)[0]
+
     made.with_class_weight = with_class_weight
+    repeating.attach(made, twin)
     return made
 
 
@@ -172,8 +179,12 @@ def _distribute(
     preprocess: Callable[..., Any] | None,
     shuffle_buffer_size: int | None,
     class_weight: dict[int, float] | None,
+    repeat: bool = False,
 ) -> tuple[tf.distribute.DistributedDataset, int | None]:
-    """`distribute`'s work; returns the dataset and the shuffle seed it used."""
+    """`distribute`'s work; returns the dataset and the shuffle seed it used.
+
+    `repeat` makes the twin that repeats its epochs (`mirrorkit.pipeline.repeating`).
+    """
     if strategy is None:
         strategy = current.current_strategy()
     found = batched.find(data) if isinstance(data, tf.data.Dataset) else None
@@ -202,6 +213,7 @@ def _distribute(
         shuffle_buffer_size,
         class_weight,
     )
+    options.repeat = repeat
     if keep_batches:
         workers = workers_lib.num_workers(strategy)
         return assemble.kept_batches(data, found, strategy, sizes, options, workers), None

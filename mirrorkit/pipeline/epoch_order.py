@@ -16,7 +16,10 @@ new order each time. Every ``fit`` sets it to the epoch Keras begins
 put in place by the first shuffled input), so epoch ``e`` always reads the
 order ``e``: in an uninterrupted run, after Keras's own ``BackupAndRestore``
 restored a backup, after ``fit(initial_epoch=e)``, `mk.resumable` and
-`mk.PreemptionCheckpoint` alike. `mk.PreemptionCheckpoint` also carries the
+`mk.PreemptionCheckpoint` alike. An order read by ``fit``'s one iterator over
+a repeating twin (`mirrorkit.pipeline.repeating`) is set only where the
+``fit`` begins: its next epochs are read ahead of Keras's epoch boundaries,
+each taking the next epoch's order as it starts. `mk.PreemptionCheckpoint` also carries the
 seed, so a drawn seed (``seed=None``) is replayed on resume; any other resume
 of a drawn seed is said once (`resumed`).
 
@@ -67,6 +70,8 @@ class EpochOrder:
         self.count = int(count)
         self.seed_drawn = bool(seed_drawn)
         self.used = False  # set when a fit first begins an epoch with it
+        # Read by one iterator for a whole fit (the repeating twin): set where a fit begins only.
+        self.continuous = False
         _ORDERS.add(self)
         fit_epoch.listen(_fit_begins_epoch)
 
@@ -161,7 +166,8 @@ def _fit_begins_epoch(callbacks: Any, epoch: int, first: bool) -> None:
     """Every live order takes Keras's `epoch`; a resumed fit says what differs (`resumed`)."""
     live = orders()
     for order in live:
-        order.begin(epoch)
+        if first or not order.continuous:  # a continuous order counts on by itself
+            order.begin(epoch)
     if first and epoch > 0:
         resumed(callbacks, [order for order in live if not order.used])
     for order in live:

@@ -26,6 +26,9 @@ class Options:
             ``shuffle_buffer_size``).
         drop_auto: whether ``drop_remainder`` was left ``"auto"``.
         class_weight: ``{class id: weight}`` or None.
+        repeat: whether the epochs repeat endlessly, each one batched before the
+            next begins (`mirrorkit.pipeline.repeating`'s twin for ``fit``); never
+            a user's option.
     """
 
     def __init__(self, **kwargs: Any):
@@ -77,4 +80,5 @@ class Options:
             preprocess=preprocess,
             buffer=buffer,
             class_weight=class_weights.check(class_weight, bool(for_eval)),
+            repeat=False,
         )

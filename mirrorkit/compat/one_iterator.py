@@ -1,0 +1,107 @@
+"""Hook: ``fit`` on an `mk.distribute` dataset keeps one distributed iterator for all its epochs.
+
+Not a Keras bug; ``docs/compat.md``, "One iterator per fit". Keras's ``fit``
+makes a new iterator over its training data every epoch (and over its
+validation data at every validation) unless it is given ``steps_per_epoch``
+(``validation_steps``) and an endless input. Making a distributed iterator
+costs a thread and a prefetch buffer per device and a restart of the input
+pipeline: on 2 CPU replicas it was half the wall time of a 32-step epoch
+(``docs/benchmarks.md``). The replacement of ``TensorFlowTrainer.fit`` hands
+Keras, for training data or validation data that `mk.distribute` made and
+whose epoch length it knows, the dataset's repeating twin
+(`mirrorkit.pipeline.repeating`) with that length as ``steps_per_epoch``
+(``validation_steps``), unless the caller gave one. Every epoch sees what it
+saw before: the same examples in the same order, the same dropped remainder,
+the same number of steps. Any other input, and any ``fit`` given its own
+steps, reaches Keras unchanged.
+
+The validation data gets one iterator too: Keras's ``evaluate`` resets its
+epoch iterator before every pass (``EpochIterator.reset``), which drops the
+iterator; over a repeating twin that has read whole epochs the replacement
+of ``reset`` keeps it (the next element is the next epoch's first).
+"""
+
+from __future__ import annotations
+
+import inspect
+
+from mirrorkit import internals
+from mirrorkit.compat._repair import Repair
+from mirrorkit.pipeline import repeating
+
+_USED_FOR = "the one_iterator repair (one validation iterator per fit)"
+
+
+def _one_iterator(bound: inspect.BoundArguments, data: str, steps: str) -> None:
+    """Swaps `data` for its repeating twin and sets `steps`, where mirrorkit can."""
+    arguments = bound.arguments
+    length = repeating.epoch_length(arguments.get(data))
+    if length is None or arguments.get(steps) is not None:
+        return
+    arguments[data] = repeating.twin(arguments[data])
+    arguments[steps] = length
+
+
+def _replacement(original):
+    signature = inspect.signature(original)
+
+    def fit(self, *args, **kwargs):
+        bound = signature.bind(self, *args, **kwargs)
+        _one_iterator(bound, "x", "steps_per_epoch")
+        _one_iterator(bound, "validation_data", "validation_steps")
+        return original(*bound.args, **bound.kwargs)
+
+    fit.__wrapped__ = original
+    fit.__doc__ = original.__doc__
+    return fit
+
+
+def _keeps_its_iterator(epoch_iterator) -> bool:
+    """Whether `epoch_iterator` reads a repeating twin and has read whole epochs of it."""
+    adapter = internals.require(
+        epoch_iterator, "data_adapter", name="keras EpochIterator.data_adapter", used_for=_USED_FOR
+    )
+    if not repeating.is_twin(adapter.get_tf_dataset()):
+        return False
+    seen = internals.require(
+        epoch_iterator, "_steps_seen", name="keras EpochIterator._steps_seen", used_for=_USED_FOR
+    )
+    steps = epoch_iterator.steps_per_epoch
+    return bool(steps) and seen > 0 and seen % steps == 0
+
+
+def _reset_replacement(original):
+    def reset(self):
+        keep = _keeps_its_iterator(self)
+        iterator = internals.require(
+            self, "_current_iterator", name="keras EpochIterator._current_iterator",
+            used_for=_USED_FOR,
+        )  # fmt: skip
+        original(self)
+        if keep:
+            self._current_iterator = iterator
+
+    reset.__wrapped__ = original
+    return reset
+
+
+_UPSTREAM = "Keras's EpochIterator (one iterator only with steps_per_epoch)"
+
+REPAIRS = (
+    Repair(
+        name="one_iterator",
+        upstream=_UPSTREAM,
+        module="keras.src.backend.tensorflow.trainer",
+        target="TensorFlowTrainer.fit",
+        replacement=_replacement,
+        applies_to=lambda strategy: True,  # mk.distribute's input is distributed everywhere
+    ),
+    Repair(
+        name="one_iterator_validation",
+        upstream=_UPSTREAM,
+        module="keras.src.trainers.epoch_iterator",
+        target="EpochIterator.reset",
+        replacement=_reset_replacement,
+        applies_to=lambda strategy: True,
+    ),
+)

@@ -1,0 +1,82 @@
+"""The twin of an `mk.distribute` dataset that repeats its epochs, so ``fit`` keeps one iterator.
+
+Keras's ``fit`` makes a new iterator over its input every epoch unless it is
+told ``steps_per_epoch`` and the input is endless; a distributed iterator is
+costly to make (a thread and a prefetch buffer per device, and the input
+pipeline started again), which was half the wall time of small epochs and of
+validation every epoch (``docs/benchmarks.md``, "One iterator per fit").
+`mirrorkit.compat.one_iterator` hands ``fit`` this twin, with the epoch length
+as ``steps_per_epoch`` (and ``validation_steps``): the same pipeline, batched,
+then repeated, so no batch spans two epochs and every epoch is the one the
+dataset itself gives (its examples, its dropped remainder, its order). An
+in-memory shuffle draws each epoch's order when that epoch's first element is
+read, from (seed, epoch) (`mirrorkit.pipeline.epoch_order`): on the twin the
+epoch counts on by itself, so it is set only where a ``fit`` begins (its
+``initial_epoch``, a restored backup's epoch).
+
+The twin is made once per dataset, on first use, and only for a dataset
+whose epoch length is known; a dataset the user distributed without
+mirrorkit is never changed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import tensorflow as tf
+
+#: Builds the repeating twin: ``make(class_weight)`` (None: the dataset's own weights).
+Maker = Callable[[Any], tf.distribute.DistributedDataset]
+
+
+def attach(made: tf.distribute.DistributedDataset, make: Maker) -> None:
+    """Lets ``fit`` ask `made` for its repeating twin (`twin`), built on first use.
+
+    Args:
+        made: the dataset `mk.distribute` returns.
+        make: builds the twin; called with ``class_weight`` (or None).
+    """
+    made.repeating_twin = _Twin(make)
+
+
+def epoch_length(data: Any) -> int | None:
+    """The steps of one epoch of `data` when it is an `mk.distribute` dataset that has a twin."""
+    if getattr(data, "repeating_twin", None) is None:  # mirrorkit's own attribute
+        return None
+    steps = getattr(data, "steps_per_epoch", None)  # set by mk.distribute (assemble.describe)
+    return int(steps) if steps else None
+
+
+def is_twin(data: Any) -> bool:
+    """Whether `data` is a repeating twin (what ``fit`` reads instead of the dataset)."""
+    return getattr(data, "is_repeating_twin", False)  # mirrorkit's own attribute
+
+
+def twin(data: tf.distribute.DistributedDataset) -> tf.distribute.DistributedDataset:
+    """`data`'s repeating twin (made once), for ``fit`` with ``steps_per_epoch=epoch_length``."""
+    return data.repeating_twin.get()
+
+
+class _Twin:
+    """The repeating twin of one dataset, made on first use; its class-weighted twins too."""
+
+    def __init__(self, make: Maker):
+        self._make = make
+        self._made: tf.distribute.DistributedDataset | None = None
+
+    def get(self) -> tf.distribute.DistributedDataset:
+        if self._made is None:
+            self._made = self._build(None)
+        return self._made
+
+    def _build(self, class_weight: Any) -> tf.distribute.DistributedDataset:
+        made = self._make(class_weight)
+        order = getattr(made, "epoch_order", None)  # mk.distribute's own attribute
+        if order is not None:
+            order.continuous = True  # its epoch counts on by itself (epoch_order)
+        # fit(class_weight=) on the twin: class weights in its pipeline, repeating too.
+        made.with_class_weight = self._build
+        made.repeating_twin = None  # a twin has no twin
+        made.is_repeating_twin = True
+        return made

@@ -115,6 +115,7 @@ def noisy_model():
 
 
 def _suspects(model_fn):
+    keras.backend.clear_session()  # layer names from 0 (dropout, not dropout_2) whatever ran
     with mk.strategy(cpu_replicas=2).scope():
         return suspects.describe(suspects.find(model_fn()))
 

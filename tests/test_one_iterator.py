@@ -134,3 +134,31 @@ def test_a_fit_given_its_own_steps_and_a_plain_dataset_are_left_alone():
     train = mk.distribute((X, Y), strategy, global_batch_size=32, seed=7)
     history = model.fit(train, epochs=2, steps_per_epoch=3, verbose=0)  # the caller's steps
     assert int(model.optimizer.iterations.numpy()) == 6 and len(history.history["loss"]) == 2
+
+
+def test_an_iterator_left_reading_does_not_move_the_next_fits_orders():
+    """A resumed fit's new iterator reads the epoch it begins, whatever an old one read since."""
+    strategy = mk.strategy("one_device")
+    data = mk.distribute(np.arange(10, dtype="int64"), strategy, global_batch_size=2, seed=3)
+    twin = repeating.twin(data)
+
+    def epoch_of(stream):
+        return [int(v) for _ in range(5) for v in tf.reshape(next(stream), [-1]).numpy()]
+
+    twin.epoch_order.begin(0)
+    old = iter(twin)
+    first, second = epoch_of(old), epoch_of(old)
+    twin.epoch_order.begin(1)  # the resumed fit begins epoch 1
+    new = iter(twin)
+    epoch_of(old)  # the old iterator reads on (prefetching, or never freed)
+    assert epoch_of(new) == second and epoch_of(new) != first
+
+
+def test_a_pipeline_that_reshuffles_itself_keeps_an_iterator_per_epoch():
+    strategy = mk.strategy(cpu_replicas=2)
+    own = tf.data.Dataset.from_tensor_slices((X, Y)).shuffle(200, seed=1).batch(32)
+    assert repeating.epoch_length(mk.distribute(own, strategy)) is None  # its own orders
+    streamed = mk.distribute((X, Y), strategy, global_batch_size=32, seed=1, cache=True)
+    assert repeating.epoch_length(streamed) is None  # a streamed shuffle's orders, likewise
+    unshuffled = tf.data.Dataset.from_tensor_slices((X, Y)).batch(32)
+    assert repeating.epoch_length(mk.distribute(unshuffled, strategy)) == 7  # kept, not dropped

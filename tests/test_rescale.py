@@ -183,14 +183,19 @@ def test_resumable_says_a_drawn_seed_is_not_in_its_backup(tmp_path, monkeypatch,
 
 
 class _OrdersRead(keras.callbacks.Callback):
-    """Records (epoch, the order epochs read in it) as each epoch ends."""
+    """Records (epoch, the epoch its order is drawn for) as each epoch begins.
+
+    mirrorkit sets the order's epoch at each epoch's beginning, before the callbacks; an
+    iterator per epoch reads it then, fit's one iterator where the fit begins (whether each
+    epoch trained on that order is what the weights compared with a reference show).
+    """
 
     def __init__(self, data, read):
         super().__init__()
         self.data, self.read = data, read
 
-    def on_epoch_end(self, epoch, logs=None):
-        self.read.append((epoch, int(self.data.epoch_order.epoch.numpy()) - 1))
+    def on_epoch_begin(self, epoch, logs=None):
+        self.read.append((epoch, int(self.data.epoch_order.epoch.numpy())))
 
 
 @pytest.mark.slow

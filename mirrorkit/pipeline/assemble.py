@@ -74,9 +74,14 @@ def global_pipeline(
         # In-memory arrays: shuffle and batch indices, then gather whole batches. The order
         # of an epoch is drawn from (seed, epoch), so a resumed run replays it.
         if options.shuffle:
-            order = epoch_order.EpochOrder(count, seed)
-            dataset = order.indices()
-        dataset = dataset.batch(size, drop_remainder=options.drop)
+            order = options.order or epoch_order.EpochOrder(count, seed)
+        if order is not None and options.repeat:  # fit's one iterator: each epoch batched alone
+            dataset = order.epochs().flat_map(
+                lambda epoch: order.indices_of(epoch).batch(size, drop_remainder=options.drop)
+            )
+        else:
+            dataset = order.indices() if order is not None else dataset
+            dataset = dataset.batch(size, drop_remainder=options.drop)
         dataset = dataset.map(source.read, num_parallel_calls=tf.data.AUTOTUNE)
     else:
         if source.read is not None:
@@ -288,9 +293,12 @@ def repeat_if_asked(dataset: tf.data.Dataset, options: Options) -> tf.data.Datas
     """The epoch's batches, repeated endlessly for ``fit``'s one iterator (`options.repeat`).
 
     Batched before it repeats, so no batch spans two epochs: each repetition is one
-    epoch as the pipeline makes it (its own shuffled order, the same dropped remainder).
+    epoch as the pipeline makes it (the same dropped remainder). A pipeline already
+    endless (an in-memory shuffle's epochs, `EpochOrder.epochs`) is left as it is.
     """
-    return dataset.repeat() if options.repeat else dataset
+    if not options.repeat or dataset.cardinality() == tf.data.INFINITE_CARDINALITY:
+        return dataset
+    return dataset.repeat()
 
 
 def weigh_classes(dataset: tf.data.Dataset, options: Options) -> tf.data.Dataset:

@@ -216,6 +216,44 @@ def caches_a_shuffle(dataset: tf.data.Dataset, max_depth: int = 64) -> bool:
     return _caches_a_shuffle(dataset, max_depth)
 
 
+def reshuffles(dataset: tf.data.Dataset, max_depth: int = 64) -> bool:
+    """Whether `dataset` shuffles again on every pass (``shuffle(..., reshuffle_each_iteration)``).
+
+    A repeated pass of such a pipeline draws its orders otherwise than a new
+    iterator per pass does, so ``fit`` keeps an iterator per epoch for it
+    (`mirrorkit.pipeline.repeating`). A pipeline the walk cannot follow to its
+    sources (deeper than `max_depth`) counts as reshuffling.
+
+    Example:
+    ```python
+    import tensorflow as tf
+
+    from mirrorkit.pipeline.batched import reshuffles
+
+    assert reshuffles(tf.data.Dataset.range(8).shuffle(8).batch(2))
+    assert not reshuffles(tf.data.Dataset.range(8).shuffle(8, reshuffle_each_iteration=False))
+    assert not reshuffles(tf.data.Dataset.range(8).batch(2).prefetch(1))
+    ```
+    """
+    _verify()
+    return _reshuffles(dataset, max_depth)
+
+
+def _reshuffles(dataset: tf.data.Dataset, max_depth: int) -> bool:
+    node = dataset
+    for _ in range(max_depth):
+        stem = type(node).__name__.lstrip("_").removesuffix("Dataset")
+        if stem == "Shuffle" and getattr(node, _RESHUFFLE_FIELD, True):
+            return True
+        inputs = internals.require(
+            node, "_inputs", name="tf.data Dataset._inputs()", used_for=_USED_FOR
+        )()
+        if len(inputs) != 1:  # a source (none) or a zip/concatenation (several)
+            return any(_reshuffles(d, max_depth) for d in inputs)
+        node = inputs[0]
+    return True
+
+
 def _caches_a_shuffle(dataset: tf.data.Dataset, max_depth: int = 64) -> bool:
     node, cached = dataset, False
     for _ in range(max_depth):

@@ -153,10 +153,11 @@ def distribute(
         again = {**arguments, "seed": seed}
         if class_weight is not None:
             again["class_weight"] = class_weight
-        return _distribute(**again, repeat=True)[0]
+        # The same epoch order (seed and epoch): what restores or sets one sets the other.
+        return _distribute(**again, repeat=True, order=made.epoch_order)[0]
 
     made.with_class_weight = with_class_weight
-    repeating.attach(made, twin)
+    repeating.attach(made, twin, data)
     return made
 
 
@@ -180,10 +181,12 @@ def _distribute(
     shuffle_buffer_size: int | None,
     class_weight: dict[int, float] | None,
     repeat: bool = False,
+    order: Any = None,
 ) -> tuple[tf.distribute.DistributedDataset, int | None]:
     """`distribute`'s work; returns the dataset and the shuffle seed it used.
 
-    `repeat` makes the twin that repeats its epochs (`mirrorkit.pipeline.repeating`).
+    `repeat` makes the twin that repeats its epochs (`mirrorkit.pipeline.repeating`),
+    shuffling in-memory arrays by `order`, the dataset's own `EpochOrder`.
     """
     if strategy is None:
         strategy = current.current_strategy()
@@ -213,7 +216,7 @@ def _distribute(
         shuffle_buffer_size,
         class_weight,
     )
-    options.repeat = repeat
+    options.repeat, options.order = repeat, order
     if keep_batches:
         workers = workers_lib.num_workers(strategy)
         return assemble.kept_batches(data, found, strategy, sizes, options, workers), None
@@ -255,7 +258,7 @@ def _distribute(
             "split=. (A keras.utils.PyDataset goes to fit() directly.)" + _hint(data)
         )
     made = assemble.global_pipeline(source, strategy, sizes, options, seed, workers)
-    if made.epoch_order is not None:
+    if made.epoch_order is not None and order is None:  # a twin's order is its dataset's
         made.epoch_order.seed_drawn = announce
     return _say_seed(made, seed, announce), seed
 

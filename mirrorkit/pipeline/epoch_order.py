@@ -16,12 +16,12 @@ new order each time. Every ``fit`` sets it to the epoch Keras begins
 put in place by the first shuffled input), so epoch ``e`` always reads the
 order ``e``: in an uninterrupted run, after Keras's own ``BackupAndRestore``
 restored a backup, after ``fit(initial_epoch=e)``, `mk.resumable` and
-`mk.PreemptionCheckpoint` alike. An order read by ``fit``'s one iterator over
-a repeating twin (`mirrorkit.pipeline.repeating`) is set only where the
-``fit`` begins: its next epochs are read ahead of Keras's epoch boundaries,
-each taking the next epoch's order as it starts. `mk.PreemptionCheckpoint` also carries the
-seed, so a drawn seed (``seed=None``) is replayed on resume; any other resume
-of a drawn seed is said once (`resumed`).
+`mk.PreemptionCheckpoint` alike. ``fit``'s one iterator over a repeating twin
+(`mirrorkit.pipeline.repeating`) reads the epoch once, at its first element
+(`epochs`), and counts the next epochs itself, whatever other iterators read.
+`mk.PreemptionCheckpoint` also carries the seed, so a drawn seed
+(``seed=None``) is replayed on resume; any other resume of a drawn seed is
+said once (`resumed`).
 
 Streamed sources (a tf.data pipeline, tfds files, or arrays with ``cache=`` or
 ``preprocess=``) keep TensorFlow's buffer shuffle, whose orders are not
@@ -70,8 +70,6 @@ class EpochOrder:
         self.count = int(count)
         self.seed_drawn = bool(seed_drawn)
         self.used = False  # set when a fit first begins an epoch with it
-        # Read by one iterator for a whole fit (the repeating twin): set where a fit begins only.
-        self.continuous = False
         _ORDERS.add(self)
         fit_epoch.listen(_fit_begins_epoch)
 
@@ -81,21 +79,34 @@ class EpochOrder:
 
     def indices(self) -> tf.data.Dataset:
         """The indices of one epoch, in the order of the epoch read at the first element."""
-        count = self.count
 
         def take_epoch(_):
             return self.epoch.assign_add(1, read_value=True) - 1
 
-        def order(epoch):
-            seed = tf.stack([self.seed.read_value(), epoch])
-            shuffled = tf.random.experimental.stateless_shuffle(
-                tf.range(count, dtype=tf.int64), seed=seed
-            )
-            return tf.data.Dataset.from_tensor_slices(shuffled)
-
         dataset = tf.data.Dataset.from_tensors(tf.constant(0, tf.int64)).map(take_epoch)
-        dataset = dataset.flat_map(order)
-        return dataset.apply(tf.data.experimental.assert_cardinality(count))
+        dataset = dataset.flat_map(self.indices_of)
+        return dataset.apply(tf.data.experimental.assert_cardinality(self.count))
+
+    def indices_of(self, epoch: tf.Tensor) -> tf.data.Dataset:
+        """The indices of epoch `epoch` (a scalar int64 tensor), in that epoch's order."""
+        seed = tf.stack([self.seed.read_value(), epoch])
+        shuffled = tf.random.experimental.stateless_shuffle(
+            tf.range(self.count, dtype=tf.int64), seed=seed
+        )
+        return tf.data.Dataset.from_tensor_slices(shuffled)
+
+    def epochs(self) -> tf.data.Dataset:
+        """Endless epoch numbers, for ``fit``'s one iterator.
+
+        The epoch read when an iterator gives its first element, then the next
+        ones, counted by that iterator alone.
+        """
+
+        def start(_):
+            return self.epoch.read_value()
+
+        first = tf.data.Dataset.from_tensors(tf.constant(0, tf.int64)).map(start)
+        return first.flat_map(lambda epoch: tf.data.Dataset.range(epoch, tf.int64.max))
 
 
 def _host_variables(*values: int) -> list[tf.Variable]:
@@ -166,8 +177,7 @@ def _fit_begins_epoch(callbacks: Any, epoch: int, first: bool) -> None:
     """Every live order takes Keras's `epoch`; a resumed fit says what differs (`resumed`)."""
     live = orders()
     for order in live:
-        if first or not order.continuous:  # a continuous order counts on by itself
-            order.begin(epoch)
+        order.begin(epoch)
     if first and epoch > 0:
         resumed(callbacks, [order for order in live if not order.used])
     for order in live:

@@ -29,6 +29,8 @@ class Options:
         repeat: whether the epochs repeat endlessly, each one batched before the
             next begins (`mirrorkit.pipeline.repeating`'s twin for ``fit``); never
             a user's option.
+        order: the `EpochOrder` an in-memory shuffle reuses (the twin's: its
+            dataset's own), or None for a new one.
     """
 
     def __init__(self, **kwargs: Any):
@@ -81,4 +83,5 @@ class Options:
             buffer=buffer,
             class_weight=class_weights.check(class_weight, bool(for_eval)),
             repeat=False,
+            order=None,
         )

@@ -9,14 +9,17 @@ validation every epoch (``docs/benchmarks.md``, "One iterator per fit").
 as ``steps_per_epoch`` (and ``validation_steps``): the same pipeline, batched,
 then repeated, so no batch spans two epochs and every epoch is the one the
 dataset itself gives (its examples, its dropped remainder, its order). An
-in-memory shuffle draws each epoch's order when that epoch's first element is
-read, from (seed, epoch) (`mirrorkit.pipeline.epoch_order`): on the twin the
-epoch counts on by itself, so it is set only where a ``fit`` begins (its
-``initial_epoch``, a restored backup's epoch).
+in-memory shuffle's order of epoch e is drawn from (seed, e)
+(`mirrorkit.pipeline.epoch_order`): the twin's iterator reads the epoch where
+its ``fit`` begins (its ``initial_epoch``, a restored backup's epoch) and
+counts the next ones itself.
 
 The twin is made once per dataset, on first use, and only for a dataset
-whose epoch length is known; a dataset the user distributed without
-mirrorkit is never changed.
+whose epoch length is known and whose order a repeated pass keeps: not for a
+pipeline that shuffles itself again on every pass (a ``shuffle`` in the
+user's tf.data pipeline, a streamed shuffle), whose orders would then be
+drawn differently from an iterator per epoch. A dataset the user distributed
+without mirrorkit is never changed.
 """
 
 from __future__ import annotations
@@ -26,17 +29,28 @@ from typing import Any
 
 import tensorflow as tf
 
+from mirrorkit.pipeline import batched
+
 #: Builds the repeating twin: ``make(class_weight)`` (None: the dataset's own weights).
 Maker = Callable[[Any], tf.distribute.DistributedDataset]
 
 
-def attach(made: tf.distribute.DistributedDataset, make: Maker) -> None:
+def attach(made: tf.distribute.DistributedDataset, make: Maker, data: Any) -> None:
     """Lets ``fit`` ask `made` for its repeating twin (`twin`), built on first use.
+
+    Nothing is attached when a repeated pass would not give the orders of an
+    iterator per epoch: a shuffled stream, or a tf.data pipeline of the user's
+    that shuffles itself again on every pass.
 
     Args:
         made: the dataset `mk.distribute` returns.
         make: builds the twin; called with ``class_weight`` (or None).
+        data: what the caller gave `mk.distribute`.
     """
+    streamed = getattr(made, "shuffle_stream", None) is not None  # epoch_order.mark_stream
+    if streamed or (isinstance(data, tf.data.Dataset) and batched.reshuffles(data)):
+        made.repeating_twin = None
+        return
     made.repeating_twin = _Twin(make)
 
 
@@ -72,9 +86,6 @@ class _Twin:
 
     def _build(self, class_weight: Any) -> tf.distribute.DistributedDataset:
         made = self._make(class_weight)
-        order = getattr(made, "epoch_order", None)  # mk.distribute's own attribute
-        if order is not None:
-            order.continuous = True  # its epoch counts on by itself (epoch_order)
         # fit(class_weight=) on the twin: class weights in its pipeline, repeating too.
         made.with_class_weight = self._build
         made.repeating_twin = None  # a twin has no twin

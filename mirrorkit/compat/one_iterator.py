@@ -30,6 +30,7 @@ from mirrorkit.compat._repair import Repair
 from mirrorkit.pipeline import repeating
 
 _USED_FOR = "the one_iterator repair (one validation iterator per fit)"
+_TRAINER = "keras.src.backend.tensorflow.trainer"
 
 
 def _one_iterator(bound: inspect.BoundArguments, data: str, steps: str) -> None:
@@ -58,10 +59,14 @@ def _replacement(original):
 
 def _keeps_its_iterator(epoch_iterator) -> bool:
     """Whether `epoch_iterator` reads a repeating twin and has read whole epochs of it."""
-    adapter = internals.require(
-        epoch_iterator, "data_adapter", name="keras EpochIterator.data_adapter", used_for=_USED_FOR
-    )
-    if not repeating.is_twin(adapter.get_tf_dataset()):
+    tf_epoch_iterator = internals.load(_TRAINER, "TFEpochIterator", used_for=_USED_FOR)
+    if not isinstance(epoch_iterator, tf_epoch_iterator):
+        return False
+    dataset = internals.require(
+        epoch_iterator, "_distributed_dataset", name="keras TFEpochIterator._distributed_dataset",
+        used_for=_USED_FOR,
+    )  # fmt: skip
+    if not repeating.is_twin(dataset):  # read as it is: never a new pipeline for an array input
         return False
     seen = internals.require(
         epoch_iterator, "_steps_seen", name="keras EpochIterator._steps_seen", used_for=_USED_FOR
@@ -91,7 +96,7 @@ REPAIRS = (
     Repair(
         name="one_iterator",
         upstream=_UPSTREAM,
-        module="keras.src.backend.tensorflow.trainer",
+        module=_TRAINER,
         target="TensorFlowTrainer.fit",
         replacement=_replacement,
         applies_to=lambda strategy: True,  # mk.distribute's input is distributed everywhere

@@ -64,6 +64,7 @@ def test_enable_is_idempotent_and_disable_restores():
         "keras_hub_inputs",
         "python_logs",
         "fit_notices",
+        "step_chain",
         "backup_step_epoch",
         "validation_split_message",
     ]
@@ -81,9 +82,9 @@ def test_enable_is_idempotent_and_disable_restores():
 
 
 def test_repairs_are_said_in_one_line_once(monkeypatch, capfd):
-    from mirrorkit.cluster import chief
+    from mirrorkit import notices
 
-    monkeypatch.setattr(chief, "_said", set())
+    monkeypatch.setattr(notices, "_said", set())
     compat.disable()
     capfd.readouterr()
     names = compat.enable()
@@ -109,6 +110,7 @@ def test_strategy_applies_what_it_needs():
         "one_iterator",
         "one_iterator_validation",
         "keras_hub_inputs",
+        "step_chain",
         "validation_split_message",
     ]
     assert compat.active() == [name for name in expected if name not in fixed_upstream]
@@ -131,6 +133,7 @@ def test_strategy_applies_what_it_needs():
         "keras_hub_inputs",
         "python_logs",  # where its bug is not fixed (Keras 3.10)
         "fit_notices",
+        "step_chain",
         "backup_step_epoch",
         "validation_split_message",
     ]

@@ -35,7 +35,7 @@ import tensorflow as tf
 
 from mirrorkit import internals
 from mirrorkit.cluster import cluster_info, workers
-from mirrorkit.training import gradient_hooks
+from mirrorkit.training import gradient_hooks, step_hooks
 
 _USED_FOR = "NaNGuard's per-replica gradient check"
 
@@ -160,6 +160,7 @@ class NaNGuard(keras.callbacks.Callback):
             "bad": bad,
             "first": first,
             "checked": False,  # set when the check is traced (or run eagerly) into the step
+            "verdict": step_hooks.StepHook("nan_guard.verdict", self._guarded_step),
         }
         for hook in self._state["hooks"]:
             gradient_hooks.register(optimizer, hook, used_for=_USED_FOR)
@@ -169,16 +170,8 @@ class NaNGuard(keras.callbacks.Callback):
             )
             self._state["compute_loss"] = compute_loss
             model._compute_loss = self._compute_loss_recorded
-        model.make_train_function(force=True)  # traced again, now with the check inside
-        step = model.train_function
-
-        def guarded_step(iterator):
-            logs = step(iterator)
-            self._raise_if_check_missing()
-            self._raise_if_non_finite()
-            return logs
-
-        model.train_function = guarded_step
+        step_hooks.retrace(model)  # traced again, now with the check inside
+        step_hooks.register(model, self._state["verdict"])
 
     def on_epoch_begin(self, epoch, logs=None):
         """Remembers the epoch, for the error."""
@@ -187,6 +180,12 @@ class NaNGuard(keras.callbacks.Callback):
     def on_train_end(self, logs=None):
         """Takes the check out again."""
         self._uninstall()
+
+    def _guarded_step(self, call_next, *args, **kwargs):
+        logs = call_next(*args, **kwargs)
+        self._raise_if_check_missing()
+        self._raise_if_non_finite()
+        return logs
 
     # -- in the step -------------------------------------------------------
 
@@ -288,6 +287,7 @@ class NaNGuard(keras.callbacks.Callback):
         optimizer, model = state["optimizer"], self.model
         for hook in state["hooks"]:
             gradient_hooks.remove(optimizer, hook)
+        step_hooks.remove(model, state["verdict"])
         if "compute_loss" in state and not state["had_compute_loss"]:
             vars(model).pop("_compute_loss", None)
         model.train_function = None  # the traced step holds the check; trace again next fit

@@ -26,6 +26,7 @@ pairs it was tested on and the test that reproduces it.
 | ``keras_hub_inputs`` | keras-hub 0.32 | a keras-hub task's ``fit``/``evaluate``/``predict`` on an `mk.distribute` dataset (applied once keras-hub is imported) |
 | ``python_logs`` | Keras 3.10 | ``History`` holding a custom metric's variable instead of a number |
 | ``fit_notices`` | keras.io guide, keras#20285 | (says once) a custom ``train_step`` sees one device's losses; trainable BatchNormalization trains on each replica's batch |
+| ``step_chain`` | mirrorkit's own step hooks | a train function Keras traced again (``make_train_function(force=True)``) dropped the hooks around it: ``ThroughputCallback`` before ``NaNGuard`` read every step as host work |
 | ``validation_split_message`` | Keras's own limit | ``fit(validation_split=)`` on a distributed dataset: the error says how to split |
 | ``backup_step_epoch`` | none found (``docs/compat.md``) | ``BackupAndRestore(save_freq=N)``'s backups in a resumed epoch record epoch 0 |
 | optimizer state built by `mk.build` | keras#23085 | custom ``tf.function`` loops with Adam under a strategy |
@@ -54,6 +55,7 @@ from mirrorkit.compat import (
     optimizer_variables,
     python_logs,
     shared_monitor,
+    step_chain,
     step_function,
     symbolic_build,
     validation_split,
@@ -77,6 +79,7 @@ REPAIRS: tuple[Repair, ...] = (
     keras_hub_inputs.REPAIR,
     python_logs.REPAIR,
     fit_notices.REPAIR,
+    step_chain.REPAIR,
     backup_epoch.REPAIR,
     validation_split.REPAIR,
 )

@@ -54,6 +54,7 @@ from mirrorkit.cluster import chief, workers
 from mirrorkit.exit_statuses import PREEMPTED
 from mirrorkit.faults.preemption_relay import Preempted, local_workers
 from mirrorkit.pipeline import epoch_order
+from mirrorkit.training import step_hooks
 
 __all__ = ["PreemptionCheckpoint", "Preempted", "local_workers"]
 
@@ -272,32 +273,31 @@ class PreemptionCheckpoint(keras.callbacks.Callback):
     # -- resuming mid-epoch -------------------------------------------------
 
     _skipping = 0
-    _train_function = None
+    _skipper: step_hooks.StepHook | None = None
 
     def _skip_steps(self, count: int) -> None:
-        """The first `count` steps of this epoch draw their batch and drop it."""
-        model = self.model
-        self._train_function = internals.require(
-            model,
-            "train_function",
-            name="keras Trainer.train_function",
-            used_for="resuming a preempted fit in the middle of an epoch",
-        )
+        """The first `count` steps of this epoch draw their batch and drop it.
+
+        The outermost hook of the model's step chain: while it skips, no other
+        hook (the throughput timer, NaNGuard's verdict) sees a step.
+        """
         self._skipping = count
+        self._skipper = step_hooks.StepHook("preemption.skip", self._skip_one)
+        step_hooks.register(self.model, self._skipper)
 
-        def skip(iterator):
-            next(iterator)
-            self._skipping -= 1
-            if not self._skipping:
-                self._restore_train_function()
-            return {}
-
-        model.train_function = skip
+    def _skip_one(self, call_next, iterator, *args, **kwargs):
+        if not self._skipping:
+            return call_next(iterator, *args, **kwargs)
+        next(iterator)
+        self._skipping -= 1
+        if not self._skipping:
+            self._restore_train_function()
+        return {}
 
     def _restore_train_function(self) -> None:
-        if self._train_function is not None:
-            self.model.train_function = self._train_function
-            self._train_function = None
+        if self._skipper is not None:
+            step_hooks.remove(self.model, self._skipper)
+            self._skipper = None
             self._skipping = 0
 
     def _exit(self) -> None:

@@ -22,6 +22,7 @@ from mirrorkit.throughput.stragglers import (  # noqa: F401 (find_straggler: pub
     find_straggler,
     straggler_text,
 )
+from mirrorkit.training import step_hooks
 
 
 class ThroughputCallback(keras.callbacks.Callback):
@@ -254,8 +255,7 @@ class ThroughputCallback(keras.callbacks.Callback):
 
     def on_train_end(self, logs: dict | None = None) -> None:
         """Removes the step instrumentation and flushes TensorBoard."""
-        if getattr(self.model.train_function, "_mirrorkit_throughput_timed", None) is not None:
-            self.model.train_function = self.model.train_function._mirrorkit_throughput_timed
+        step_hooks.remove(self.model, self._timer)
         self._input_clock.uninstall()
         self._clock.uninstall()
         if self._writer is not None:
@@ -322,20 +322,22 @@ class ThroughputCallback(keras.callbacks.Callback):
         return int(round(float(keras.ops.convert_to_numpy(count)) / max(self._calls, 1) / steps))
 
     def _time_train_function(self) -> None:
-        """Times each call of Keras's train function: the rest of a step is host work."""
-        original = self.model.train_function
-        if original is None or getattr(original, "_mirrorkit_throughput_timed", None) is not None:
-            return
+        """Times each call of Keras's compiled train function: the rest of a step is host work.
 
-        def timed(iterator):
+        The timer has its place in the model's step chain (`step_hooks.PLACES`):
+        around `NaNGuard`'s verdict, inside a resumed epoch's skipped steps, in
+        whatever order the callbacks are listed; a re-trace keeps it.
+        """
+
+        def timed(call_next, *args, **kwargs):
             start = time.perf_counter()
             try:
-                return original(iterator)
+                return call_next(*args, **kwargs)
             finally:
                 self._inside_s += time.perf_counter() - start
 
-        timed._mirrorkit_throughput_timed = original
-        self.model.train_function = timed
+        self._timer = step_hooks.StepHook("throughput.timer", timed)
+        step_hooks.register(self.model, self._timer)
 
     def _gather_worker_figures(
         self, compute: np.ndarray, input_wait: float | None, host: float | None

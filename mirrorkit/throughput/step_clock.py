@@ -23,7 +23,7 @@ import numpy as np
 import tensorflow as tf
 
 from mirrorkit import internals
-from mirrorkit.training import gradient_hooks
+from mirrorkit.training import gradient_hooks, step_hooks
 
 #: Steps kept between two reads of the ring buffer.
 DEFAULT_CAPACITY = 8192
@@ -64,7 +64,7 @@ class StepClock:
         import keras
         import mirrorkit as mk
         from mirrorkit.throughput.step_clock import StepClock
-        from mirrorkit.training import gradient_hooks
+        from mirrorkit.training import gradient_hooks, step_hooks
 
         def make_model():
             model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
@@ -105,16 +105,13 @@ class StepClock:
             )
         self._read_upto = 0
         starts: dict[int, tf.Tensor] = {}
-        train_step = model.train_step
-        # What to put back: the model's own (class) method, or an earlier wrapper.
-        self._saved_train_step = model.__dict__.get("train_step")
 
-        def timed_train_step(data):
+        def timed_train_step(call_next, data, *args, **kwargs):
             start = tf.timestamp()
             starts[threading.get_ident()] = start
             with tf.control_dependencies([start]):
                 data = tf.nest.map_structure(_after, data)
-            return train_step(data)
+            return call_next(data, *args, **kwargs)
 
         def gradients_ready(step: gradient_hooks.Gradients) -> None:
             start = starts.pop(threading.get_ident(), None)
@@ -133,8 +130,8 @@ class StepClock:
 
         self._hook = gradient_hooks.GradientHook("step_clock", gradients_ready)
         gradient_hooks.register(optimizer, self._hook, used_for=used_for)
-        model.train_step = timed_train_step
-        model.train_function = None  # retrace with the clock in place
+        self._step_hook = step_hooks.StepHook("step_clock", timed_train_step)
+        step_hooks.register(model, self._step_hook)  # traced again with the clock in place
         self._model, self._optimizer = model, optimizer
         return True
 
@@ -142,12 +139,8 @@ class StepClock:
         """Restores the model's own train step and optimizer method."""
         if self._model is None:
             return
-        if self._saved_train_step is None:
-            self._model.__dict__.pop("train_step", None)
-        else:
-            self._model.train_step = self._saved_train_step
+        step_hooks.remove(self._model, self._step_hook)  # traced again without it next fit
         gradient_hooks.remove(self._optimizer, self._hook)
-        self._model.train_function = None
         self._model = self._optimizer = None
 
     def read_new(self) -> np.ndarray:

@@ -1,0 +1,39 @@
+"""Hook: a train function Keras traces again stays inside the model's step chain.
+
+Not a Keras bug; ``docs/compat.md``, "The step chain". mirrorkit's callbacks
+act on each training step through one ordered chain
+(`mirrorkit.training.step_hooks`) that stands in for ``model.train_function``.
+Keras replaces that attribute whenever it traces the step again
+(``make_train_function(force=True)``, a ``fit`` after ``compile``), which
+dropped whatever wrapped the old function: ``ThroughputCallback`` listed
+before ``NaNGuard`` lost its timer and reported every step as host work.
+The replacement of ``TensorFlowTrainer.make_train_function`` puts the new
+function back into the chain of a model that has one, and changes nothing
+for a model without one.
+"""
+
+from __future__ import annotations
+
+from mirrorkit.compat._repair import Repair
+from mirrorkit.training import step_hooks
+
+
+def _replacement(original):
+    def make_train_function(self, *args, **kwargs):
+        made = original(self, *args, **kwargs)
+        if step_hooks.wrap(self) and made is not None:
+            return self.train_function  # a caller that uses the returned function gets the chain
+        return made
+
+    make_train_function.__wrapped__ = original
+    return make_train_function
+
+
+REPAIR = Repair(
+    name="step_chain",
+    upstream="none: mirrorkit's own step hooks (mirrorkit.training.step_hooks)",
+    module="keras.src.backend.tensorflow.trainer",
+    target="TensorFlowTrainer.make_train_function",
+    replacement=_replacement,
+    applies_to=lambda strategy: True,
+)

@@ -18,6 +18,8 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
+from mirrorkit import notices  # noqa: F401 - the "mirrorkit" logger, set up before any notice
+
 __version__ = "0.1.0"
 
 # mirrorkit/__init__.pyi imports the same names, for type checkers and the API reference.

@@ -780,9 +780,9 @@ def run_case(case: Case, p: Placement, workdir: str) -> dict:
     if p.reference and case.error:
         return {"skipped": "a kind mirrorkit refuses; one device has nothing to compare"}
     if not p.reference:
-        from mirrorkit.cluster import chief
+        from mirrorkit import notices
 
-        chief._said.clear()  # each case says its own once-notices
+        notices._said.clear()  # each case says its own once-notices
     keras.utils.set_random_seed(SEED)
     said = io.StringIO()
     result: dict[str, Any] = {}

@@ -81,6 +81,21 @@ def pytest_xdist_make_scheduler(config, log):
     """
     from xdist.scheduler import LoadScopeScheduling
 
+    changed = _changed_xdist_internals(LoadScopeScheduling)
+    if changed:
+        import warnings
+
+        import xdist
+
+        warnings.warn(
+            f"pytest-xdist {xdist.__version__} changed {', '.join(changed)}, which the suite's "
+            "module scheduler (tests/conftest.py, pytest_xdist_make_scheduler) overrides; it is "
+            "off, and the modules run in xdist's own --dist loadscope order: the same tests, "
+            "slower (the waiting lane is gone). Update the scheduler for this xdist.",
+            stacklevel=1,
+        )
+        return None  # xdist's own scheduler for --dist loadscope
+
     class ModulesTogether(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
             path = nodeid.split("::", 1)[0]
@@ -100,6 +115,22 @@ def pytest_xdist_make_scheduler(config, log):
             super()._assign_work_unit(node)
 
     return ModulesTogether(config, log)
+
+
+#: The private pytest-xdist methods the scheduler overrides, with their parameters.
+XDIST_OVERRIDES = {"_split_scope": ["self", "nodeid"], "_assign_work_unit": ["self", "node"]}
+
+
+def _changed_xdist_internals(scheduling: type) -> list[str]:
+    """The overridden xdist methods that are missing or take other parameters."""
+    import inspect
+
+    changed = []
+    for name, parameters in XDIST_OVERRIDES.items():
+        method = getattr(scheduling, name, None)
+        if method is None or list(inspect.signature(method).parameters) != parameters:
+            changed.append(f"LoadScopeScheduling.{name}")
+    return changed
 
 
 @functools.cache

@@ -417,6 +417,68 @@ def test_only_the_launcher_starts_processes():
     assert found == [], f"start processes through a function in mirrorkit/launcher/: {found}"
 
 
+def _step_wrappings(tree):
+    """Assignments to ``<x>.train_function`` / ``<x>.train_step`` of anything but None."""
+    return [
+        node
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Assign)
+        for target in node.targets
+        if isinstance(target, ast.Attribute)
+        and target.attr in ("train_function", "train_step")
+        and not (isinstance(node.value, ast.Constant) and node.value.value is None)
+    ]
+
+
+def test_only_step_hooks_wraps_the_training_step():
+    """A wrapper of ``model.train_function`` / ``train_step`` outside the chain is dropped by
+    a re-trace and meets the others by accident (issue: ThroughputCallback before NaNGuard
+    read every step as host work): register a hook in training/step_hooks instead."""
+    found = [
+        _where(path, node)
+        for path, tree in _trees(exclude=())
+        if path != PACKAGE / "training" / "step_hooks.py"
+        for node in _step_wrappings(tree)
+    ]
+    assert found == [], f"wrap the step through mirrorkit.training.step_hooks: {found}"
+
+
+def test_the_step_wrapping_check_sees_a_wrapper():
+    tree = ast.parse("model.train_function = timed\nmodel.train_function = None\n")
+    assert [node.lineno for node in _step_wrappings(tree)] == [1]
+
+
+#: Writers to stderr that are not notices, and why a user's logging must not silence them.
+STDERR_NOT_NOTICES = {
+    "bench/sweep.py": "mirrorkit bench's progress lines, a command's own output",
+    "faults/_peer_wait_watcher.py": "a watcher process's last words before it kills the job",
+    "faults/step_timeout.py": "a hung step's last words, before the stacks and the exit",
+}
+
+
+def test_notices_go_through_the_logger():
+    """No ``print(..., file=sys.stderr)`` or ``sys.stderr.write`` in mirrorkit/ outside the
+    command-line entry points (commands/, whose errors go to stderr by design), the
+    launcher's relay of its workers' own output and `STDERR_NOT_NOTICES`: a notice is
+    ``chief.say``, which a user can silence or redirect."""
+    found = []
+    for path, tree in _trees(exclude=()):
+        if PACKAGE / "commands" in path.parents or path.parent == PACKAGE / "launcher":
+            continue
+        if str(path.relative_to(PACKAGE)) in STDERR_NOT_NOTICES:
+            continue
+        for node in ast.walk(tree):
+            if not isinstance(node, ast.Call):
+                continue
+            name = _dotted(node.func)
+            to_stderr = any(
+                k.arg == "file" and _dotted(k.value) == "sys.stderr" for k in node.keywords
+            )
+            if (name == "print" and to_stderr) or name == "sys.stderr.write":
+                found.append(_where(path, node))
+    assert found == [], f"say notices through mirrorkit.cluster.chief.say: {found}"
+
+
 def test_the_process_check_sees_a_start():
     tree = ast.parse("import subprocess as sp\nimport os\nsp.run(['x'])\nos.execv('x', [])\n")
     assert [t for _, t in _calls(tree)] == ["subprocess.run", "os.execv"]
@@ -478,3 +540,26 @@ def test_docs_compat_lists_every_guarded_internal():
 
     missing = sorted(f"{name} ({where})" for name, where in internals.items() if not listed(name))
     assert missing == [], f"list these in docs/compat.md, {COMPAT_SECTION!r}: {missing}"
+
+
+def test_the_package_ships_py_typed_beside_its_stub():
+    """Type checkers read the package's hints (PEP 561) only with the marker."""
+    assert (PACKAGE / "py.typed").is_file() and (PACKAGE / "__init__.pyi").is_file()
+
+
+def test_the_suites_xdist_scheduler_guards_the_private_methods_it_overrides():
+    import conftest
+    from xdist.scheduler import LoadScopeScheduling
+
+    assert conftest._changed_xdist_internals(LoadScopeScheduling) == []
+
+    class Renamed(LoadScopeScheduling):
+        _split_scope = None
+
+        def _assign_work_unit(self, node, extra):
+            pass
+
+    assert conftest._changed_xdist_internals(Renamed) == [
+        "LoadScopeScheduling._split_scope",
+        "LoadScopeScheduling._assign_work_unit",
+    ]

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import mirrorkit as mk
-from mirrorkit.cluster import chief
+from mirrorkit import notices
 from mirrorkit.commands import launch
 from mirrorkit.launcher import processes
 from mirrorkit.throughput.callback import find_straggler
@@ -125,7 +125,7 @@ def test_throughput_baseline_file_broken_names_baseline(tmp_path, monkeypatch):
 
 def test_distribute_says_no_seed_before_an_error(monkeypatch, capsys):
     # Before: "shuffling with seed ..." was printed, then the error about the same call.
-    monkeypatch.setattr(chief, "_said", set())
+    monkeypatch.setattr(notices, "_said", set())
     strategy = mk.strategy(cpu_replicas=2)
     x, y = np.ones((3, 2), "float32"), np.ones((3, 1), "float32")
     with pytest.raises(ValueError, match="fewer than one global batch"):
@@ -164,7 +164,7 @@ def test_launch_notices_are_said_once_per_process(monkeypatch, capsys):
     # Before: printed on every launch (docs/multi-worker.md says "each said once").
     from mirrorkit.launcher import local_job
 
-    monkeypatch.setattr(local_job, "_said", set())
+    monkeypatch.setattr(notices, "_said", set())
     local_job.plan_cpus(2, True)
     first = capsys.readouterr().err
     local_job.plan_cpus(2, True)
@@ -199,7 +199,7 @@ def test_batched_data_behind_zip_concatenate_rebatch_is_not_batched_twice(make, 
 
 def test_data_that_may_be_batches_is_said(monkeypatch, capsys):
     # A pipeline that hides how it was made (flat_map) and yields batch-shaped elements.
-    monkeypatch.setattr(chief, "_said", set())
+    monkeypatch.setattr(notices, "_said", set())
     tf = tf_data()
     batches = tf.Dataset.range(64).batch(8).flat_map(lambda b: tf.Dataset.from_tensors(b))
     mk.distribute(batches, mk.strategy(cpu_replicas=2), global_batch_size=4, shuffle=False)

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import mirrorkit as mk
-from mirrorkit.cluster import chief
+from mirrorkit import notices
 from mirrorkit.scale.batchnorm import unsynchronized_batch_norm
 
 TOLERANCE = 1e-5
@@ -68,9 +68,9 @@ def test_per_replica_batch_norm_does_not(one_device, replicas):
 
 @pytest.fixture
 def _forget_said():
-    chief._said.discard("batchnorm-per-replica")
+    notices._said.discard("batchnorm-per-replica")
     yield
-    chief._said.discard("batchnorm-per-replica")
+    notices._said.discard("batchnorm-per-replica")
 
 
 def test_build_says_once_which_layers_and_the_option(capfd, _forget_said):

@@ -57,8 +57,11 @@ def test_one_device_and_auto_with_one_replica():
     assert isinstance(auto, tf.distribute.OneDeviceStrategy)
 
 
-def test_auto_with_one_device_warns_about_unused_all_reduce():
+def test_auto_with_one_device_warns_about_unused_all_reduce(monkeypatch):
+    from mirrorkit import notices
+
     current._made.clear()
+    monkeypatch.setattr(notices, "_said", set())  # said once per process: another test may have
     with pytest.warns(UserWarning, match="nothing to all-reduce"):
         mk.strategy(cpu_replicas=1, bucket_mb=8)
 

@@ -315,9 +315,10 @@ def test_quickstart_example_runs():
 
 def _notices_of_a_launch(monkeypatch, capsys, start):
     """What a launch says before it starts its workers (none are started here)."""
-    from mirrorkit.launcher import local_job, pinning, processes
+    from mirrorkit import notices
+    from mirrorkit.launcher import pinning, processes
 
-    monkeypatch.setattr(local_job, "_said", set())
+    monkeypatch.setattr(notices, "_said", set())
     monkeypatch.setattr(pinning, "split_cpus", lambda n: [[0], [1]][:n])  # pinning possible
     started = []
     monkeypatch.setattr(processes, "run_function", lambda *a, **k: started.append(k) or [None])

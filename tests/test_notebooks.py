@@ -63,4 +63,14 @@ def test_notebook_executes_and_renders(name, tmp_path):
     assert any("image/png" in d for d in data), "no plot rendered"
     text = _text(outputs)
     assert "INFO:tensorflow" not in text  # mk.strategy keeps TensorFlow's notebook INFO quiet
+    # mirrorkit's notices are ordinary output in a notebook, never stderr lines that
+    # TensorFlow's own stderr can split (a worker's relayed lines carry its [wN] prefix)
+    said = {
+        o["name"]
+        for o in outputs
+        if o.get("output_type") == "stream"
+        for line in o.get("text", "").splitlines()
+        if line.startswith("mirrorkit: ")
+    }
+    assert said == {"stdout"}, said
     assert "[w0] WARNING: All log messages before absl" not in text  # launch drops them

@@ -151,10 +151,10 @@ def test_shuffled_run_with_resumable_resumes_from_its_backup_in_its_orders(tmp_p
 def test_a_shuffled_stream_says_on_resume_that_its_orders_are_not_replayed(monkeypatch, capfd):
     import tensorflow as tf
 
-    from mirrorkit.cluster import chief
+    from mirrorkit import notices
     from mirrorkit.pipeline import epoch_order
 
-    monkeypatch.setattr(chief, "_said", set())
+    monkeypatch.setattr(notices, "_said", set())
     strategy = mk.strategy(cpu_replicas=2)
     arrays = mk.distribute(make_data(), strategy, global_batch_size=GLOBAL_BATCH, seed=1)
     stream = tf.data.Dataset.from_tensor_slices(make_data())
@@ -169,9 +169,9 @@ def test_a_shuffled_stream_says_on_resume_that_its_orders_are_not_replayed(monke
 
 @pytest.mark.slow
 def test_resumable_says_a_drawn_seed_is_not_in_its_backup(tmp_path, monkeypatch, capfd):
-    from mirrorkit.cluster import chief
+    from mirrorkit import notices
 
-    monkeypatch.setattr(chief, "_said", set())
+    monkeypatch.setattr(notices, "_said", set())
     backup = str(tmp_path / "backup")
     with pytest.raises(RuntimeError, match="on purpose"):
         _train(2, [lambda d: mk.resumable(backup), lambda d: _FailAt(1, 0)], shuffle=True)
@@ -202,9 +202,9 @@ class _OrdersRead(keras.callbacks.Callback):
 def test_keras_own_backup_and_initial_epoch_resume_a_shuffled_input_in_its_orders(
     tmp_path, monkeypatch, capfd
 ):
-    from mirrorkit.cluster import chief
+    from mirrorkit import notices
 
-    monkeypatch.setattr(chief, "_said", set())
+    monkeypatch.setattr(notices, "_said", set())
     reference = _train(2, [], shuffle=True, seed=3)
     # fit(initial_epoch=1) in a new model, on a new dataset (a new process would do the same)
     strategy = mk.strategy(cpu_replicas=2)

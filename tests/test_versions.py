@@ -8,8 +8,7 @@ import keras
 import pytest
 import tensorflow as tf
 
-from mirrorkit import compat, versions
-from mirrorkit.cluster import chief
+from mirrorkit import compat, notices, versions
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
@@ -101,7 +100,7 @@ def test_inside_or_outside(tf_version, keras_version, inside, newer):
 
 
 def test_compat_warns_once_for_a_newer_keras(monkeypatch):
-    monkeypatch.setattr(chief, "_said", set())
+    monkeypatch.setattr(notices, "_said", set())
     monkeypatch.setattr(versions, "installed", lambda: versions.Installed("2.21.0", "3.99.0"))
     with pytest.warns(UserWarning, match=r"Keras 3\.99\.0 is newer than mirrorkit's tested range"):
         compat.enable()
@@ -111,7 +110,7 @@ def test_compat_warns_once_for_a_newer_keras(monkeypatch):
 
 
 def test_compat_is_quiet_inside_the_range(monkeypatch):  # and on the next leg's nightly pair
-    monkeypatch.setattr(chief, "_said", set())
+    monkeypatch.setattr(notices, "_said", set())
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         compat.enable()

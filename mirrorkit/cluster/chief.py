@@ -1,17 +1,21 @@
-"""Chief-only side effects: `is_chief()`, `print()`, and say-once notices.
+"""Chief-only side effects: `is_chief()`, `print()`, and mirrorkit's notices.
 
 Every worker of a multi-worker job runs the same script. Output, files and
 TensorBoard logs belong to one of them, the chief, so that a job of N workers
 prints each line once and writes each file once.
+
+Notices (what mirrorkit chose, repaired or dropped) are said here, on the
+chief, once where asked, through the ``"mirrorkit"`` logger (`mirrorkit.notices`).
 """
 
 from __future__ import annotations
 
 import builtins
-import sys
+import logging
 import warnings
 from typing import Any
 
+from mirrorkit import notices
 from mirrorkit.cluster import cluster_info
 
 _said: set[str] = set()
@@ -61,24 +65,49 @@ def print(*args: Any, **kwargs: Any) -> None:  # noqa: A001 - mirrors builtins.p
         builtins.print(*args, **kwargs)
 
 
-def say(message: str) -> None:
-    """Prints a mirrorkit notice on the chief, prefixed ``mirrorkit:``."""
+def say(message: str, level: int = logging.INFO) -> None:
+    """Gives a mirrorkit notice on the chief, through the ``"mirrorkit"`` logger.
+
+    Args:
+        message: the notice, without the ``mirrorkit:`` prefix.
+        level: its logging level (INFO; WARNING for a warning-like notice).
+
+    Example:
+    ```python
+    import logging
+    from mirrorkit.cluster import chief
+
+    chief.say("shown as 'mirrorkit: shown ...' on stderr")
+    logging.getLogger("mirrorkit").setLevel(logging.WARNING)
+    chief.say("not shown: INFO is below WARNING now")
+    logging.getLogger("mirrorkit").setLevel(logging.INFO)
+    ```
+    """
     if is_chief():
-        builtins.print(f"mirrorkit: {message}", file=sys.stderr, flush=True)
+        notices.LOGGER.log(level, message)
 
 
-def say_once(key: str, message: str) -> None:
-    """Says `message` on the chief the first time `key` is seen in this process."""
+def say_once(key: str, message: str, level: int = logging.INFO) -> None:
+    """Says `message` on the chief the first time `key` is seen in this process.
+
+    Args:
+        key: what makes two notices the same notice.
+        message: the notice.
+        level: its logging level.
+    """
     if key in _said:
         return
     _said.add(key)
-    say(message)
+    say(message, level)
 
 
 def warn_once(key: str, message: str, category: type[Warning] = UserWarning) -> None:
-    """Issues a Python warning on the chief the first time `key` is seen."""
-    if key in _said:
-        return
-    _said.add(key)
-    if is_chief():
+    """Issues a Python warning on the chief the first time `key` is seen.
+
+    Args:
+        key: what makes two warnings the same warning (shared with `say_once`).
+        message: the warning, without the ``mirrorkit:`` prefix.
+        category: the warning's class.
+    """
+    if notices.first_time(key) and is_chief():
         warnings.warn(f"mirrorkit: {message}", category, stacklevel=3)

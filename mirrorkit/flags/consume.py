@@ -7,7 +7,9 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from absl import flags
+from absl import logging as absl_logging
 
+from mirrorkit import notices
 from mirrorkit.cluster import chief, cluster_info
 from mirrorkit.cluster.tf_config import tf_config
 from mirrorkit.environment_variables import TF_CONFIG
@@ -71,6 +73,7 @@ def strategy_from_flags(
     problem = combination_problem(fv)
     if problem:
         raise ValueError(problem)
+    _notices_follow_verbosity()
     apply_cluster_flags(fv)
     num_gpus, cpu_replicas = given(fv, "num_gpus"), given(fv, "cpu_replicas")
     kind = fv["distribution_strategy"].value
@@ -272,3 +275,13 @@ def callbacks_from_flags(
 
     json_path = flag_values["throughput_json"].value
     return [mk.ThroughputCallback(json_path=json_path, **throughput_kwargs)]
+
+
+def _notices_follow_verbosity() -> None:
+    """The notices follow an absl ``--verbosity`` given on the command line.
+
+    ``-1``: warnings only. A level the script set on the ``"mirrorkit"`` logger stays.
+    """
+    if "verbosity" in flags.FLAGS and flags.FLAGS["verbosity"].present:
+        level = absl_logging.converter.absl_to_standard(absl_logging.get_verbosity())
+        notices.follow_verbosity(level)

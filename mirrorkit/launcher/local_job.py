@@ -19,10 +19,11 @@ the first failure.
 from __future__ import annotations
 
 import dataclasses
-import sys
+import logging
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TextIO
 
+from mirrorkit import notices
 from mirrorkit.cluster import tf_config
 from mirrorkit.launcher import allocator, hosts, netns, pinning, processes, tf_noise
 
@@ -216,12 +217,12 @@ def plan_network(job: hosts.Layout, wanted: bool, wording: Wording | None = ARGU
     return True
 
 
-def say(message: str) -> None:
-    """Prints a launch notice to stderr, prefixed ``mirrorkit:``."""
-    print(f"mirrorkit: {message}", file=sys.stderr, flush=True)
+def say(message: str, level: int = logging.INFO) -> None:
+    """Gives a launch notice (``mirrorkit: ...`` on stderr by default; `mirrorkit.notices`).
 
-
-_said: set[str] = set()
+    Not the chief's alone: every node's launcher reports its own workers.
+    """
+    notices.say(message, level)
 
 
 def _say_once(message: str, wording: Wording | None) -> None:
@@ -230,7 +231,5 @@ def _say_once(message: str, wording: Wording | None) -> None:
     A notebook's second `mk.launch` with the same settings stays quiet; a
     notice whose text changed (other CPUs, another worker count) is said again.
     """
-    if wording is None or message in _said:
-        return
-    _said.add(message)
-    say(message)
+    if wording is not None and notices.first_time(message):
+        say(message, logging.WARNING if message.startswith("WARNING") else logging.INFO)

@@ -136,6 +136,30 @@ def test_a_fit_given_its_own_steps_and_a_plain_dataset_are_left_alone():
     assert int(model.optimizer.iterations.numpy()) == 6 and len(history.history["loss"]) == 2
 
 
+def test_a_dataset_distributed_elsewhere_is_left_alone_and_said_once(monkeypatch, capfd):
+    from mirrorkit import notices
+
+    monkeypatch.setattr(notices, "_said", set())
+    strategy = mk.strategy(cpu_replicas=2)
+    model = mk.build(_make_model, strategy)
+    plain = strategy.experimental_distribute_dataset(
+        tf.data.Dataset.from_tensor_slices((X, Y)).batch(32)
+    )
+    made = _iterators_made(monkeypatch, plain)
+    capfd.readouterr()
+    model.fit(plain, epochs=1, verbose=0)  # one epoch: nothing to keep
+    assert "distributed without mk.distribute" not in capfd.readouterr().err
+    per_epoch = len(made)
+    model.fit(plain, epochs=3, verbose=0)
+    model.fit(plain, epochs=2, verbose=0)
+    said = capfd.readouterr().err
+    assert said.count("fit's x is a dataset distributed without mk.distribute") == 1, said
+    assert "keeps one iterator for the whole fit" in said
+    assert len(made) == per_epoch * (1 + 3 + 2)  # unchanged: Keras's iterators every epoch
+    model.fit(mk.distribute((X, Y), strategy, global_batch_size=32, seed=7), epochs=2, verbose=0)
+    assert "distributed without" not in capfd.readouterr().err  # mirrorkit's own: kept, not said
+
+
 def test_an_iterator_left_reading_does_not_move_the_next_fits_orders():
     """A resumed fit's new iterator reads the epoch it begins, whatever an old one read since."""
     strategy = mk.strategy("one_device")

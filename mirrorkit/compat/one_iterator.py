@@ -24,8 +24,12 @@ of ``reset`` keeps it (the next element is the next epoch's first).
 from __future__ import annotations
 
 import inspect
+from typing import Any
+
+import tensorflow as tf
 
 from mirrorkit import internals
+from mirrorkit.cluster import chief
 from mirrorkit.compat._repair import Repair
 from mirrorkit.pipeline import repeating
 
@@ -37,10 +41,26 @@ def _one_iterator(bound: inspect.BoundArguments, data: str, steps: str) -> None:
     """Swaps `data` for its repeating twin and sets `steps`, where mirrorkit can."""
     arguments = bound.arguments
     length = repeating.epoch_length(arguments.get(data))
+    if length is None and arguments.get(steps) is None and arguments.get("epochs", 1) > 1:
+        _say_if_distributed_elsewhere(arguments.get(data), data)
     if length is None or arguments.get(steps) is not None:
         return
     arguments[data] = repeating.twin(arguments[data])
     arguments[steps] = length
+
+
+def _say_if_distributed_elsewhere(dataset: Any, argument: str) -> None:
+    """Says once that a dataset distributed without mirrorkit gets an iterator per epoch."""
+    if not isinstance(dataset, tf.distribute.DistributedDataset) or repeating.made_here(dataset):
+        return
+    chief.say_once(
+        f"iterator-per-epoch-{argument}",
+        f"fit's {argument} is a dataset distributed without mk.distribute: Keras makes a new "
+        "distributed iterator over it every epoch, which can cost half the wall time of small "
+        "epochs; mirrorkit leaves it as it is. mk.distribute(data, strategy, ...) keeps one "
+        "iterator for the whole fit, as does a dataset repeated before it is distributed, with "
+        "steps_per_epoch (validation_steps) given",
+    )
 
 
 def _replacement(original):

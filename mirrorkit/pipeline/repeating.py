@@ -54,6 +54,11 @@ def attach(made: tf.distribute.DistributedDataset, make: Maker, data: Any) -> No
     made.repeating_twin = _Twin(make)
 
 
+def made_here(data: Any) -> bool:
+    """Whether `data` is a dataset `mk.distribute` made (twin or not)."""
+    return hasattr(data, "repeating_twin")  # mirrorkit's own attribute, set by `attach`
+
+
 def epoch_length(data: Any) -> int | None:
     """The steps of one epoch of `data` when it is an `mk.distribute` dataset that has a twin."""
     if getattr(data, "repeating_twin", None) is None:  # mirrorkit's own attribute

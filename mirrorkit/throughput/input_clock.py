@@ -19,14 +19,20 @@ iterators' output (``_SingleWorkerDatasetIteratorBase.get_next_as_list`` /
 agreement. A plain ``tf.data`` iterator has no agreement; its whole
 ``get_next`` is timed.
 
-Waits go to a ring buffer read once an epoch, never per step. Only the
-train function is instrumented: the callback turns recording off while
-Keras evaluates or predicts.
+Keras 3.16 takes the batch before the compiled step, eagerly
+(``iterator.get_next_as_optional()`` in Python, then the step on its value):
+there the clock times that call with the host's clock, again up to this
+worker's own element.
+
+Waits go to a ring buffer read once an epoch, never per step (eager waits to
+a list). Only the train function is instrumented: the callback turns
+recording off while Keras evaluates or predicts.
 """
 
 from __future__ import annotations
 
 import threading
+import time
 
 import numpy as np
 import tensorflow as tf
@@ -66,6 +72,7 @@ class InputClock:
         self._buffer: tf.Variable | None = None
         self._count: tf.Variable | None = None
         self._read_upto = 0
+        self._eager_waits: list[float] = []
         self._inside = threading.local()
 
     @property
@@ -93,6 +100,9 @@ class InputClock:
                 cls, "get_next", name=f"tf {name}.get_next", used_for="the input wait"
             )
             targets.append((cls, "get_next", original, self._timed(original)))
+            if hasattr(cls, "get_next_as_optional"):  # Keras 3.16 calls it eagerly
+                eager = cls.get_next_as_optional
+                targets.append((cls, "get_next_as_optional", eager, self._timed_eager(eager)))
         module, name = _PER_WORKER
         cls = internals.load(module, name, used_for="ThroughputCallback's input wait")
         for method in _PRODUCERS:
@@ -119,6 +129,9 @@ class InputClock:
 
         def produce(iterator, *args, **kwargs):
             result = original(iterator, *args, **kwargs)
+            eager = getattr(clock._inside, "eager_produced", None)
+            if eager is not None and not tf.inside_function():
+                eager.append(time.perf_counter())  # this worker's element is here
             collecting = getattr(clock._inside, "produced", None)
             # Only the calls traced in get_next's own graph: the one in the end-of-data branch
             # (a cond branch graph) never runs in a step that has a batch.
@@ -163,15 +176,39 @@ class InputClock:
         get_next.__wrapped__ = original
         return get_next
 
+    def _timed_eager(self, original):
+        """Wraps ``get_next_as_optional`` where Keras calls it outside the compiled step."""
+        clock = self
+
+        def get_next_as_optional(iterator, *args, **kwargs):
+            outermost = not getattr(clock._inside, "active", False)
+            if not (clock.recording and outermost) or tf.inside_function():
+                return original(iterator, *args, **kwargs)
+            clock._inside.active = True
+            clock._inside.eager_produced = arrived = []
+            start = time.perf_counter()
+            try:
+                result = original(iterator, *args, **kwargs)
+            finally:
+                clock._inside.active = False
+                clock._inside.eager_produced = None
+            # This worker's own element (before the workers agree whether any has one).
+            clock._eager_waits.append((arrived[-1] if arrived else time.perf_counter()) - start)
+            return result
+
+        get_next_as_optional.__wrapped__ = original
+        return get_next_as_optional
+
     def read_new(self) -> np.ndarray:
         """Seconds each train step waited for its own input, for steps since the last read."""
+        eager, self._eager_waits = self._eager_waits, []
         if self._count is None:
-            return np.zeros(0)
+            return np.array(eager)
         count = int(self._count.numpy())
         buffer = self._buffer.numpy()
         first = max(self._read_upto, count - self.capacity)
         self._read_upto = count
-        return np.array([buffer[i % self.capacity] for i in range(first, count)])
+        return np.array([buffer[i % self.capacity] for i in range(first, count)] + eager)
 
 
 def _tensors(value) -> list[tf.Tensor]:

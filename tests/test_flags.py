@@ -480,3 +480,15 @@ def test_worker_hosts_and_task_index_make_a_two_worker_job(fresh):
         assert (r["implementation"], r["timeout"], r["global_batch"]) == ("RING", 60, 8)
         assert r["local_step_logs"] is True
     assert results[0]["weights"] == results[1]["weights"]  # trained in sync
+
+
+def test_the_flags_and_mk_strategy_share_one_vocabulary():
+    """One home for the kinds and the all-reduce names (mirrorkit/strategies/rules.py)."""
+    from mirrorkit.flags import checks
+    from mirrorkit.strategies import allreduce, arguments, rules
+
+    assert set(checks.KINDS) == set(rules.KINDS) | set(rules.ALIASES)
+    assert checks.ALL_REDUCE_ALGS is rules.ALL_REDUCE_CHOICES is allreduce.ALL_REDUCE_CHOICES
+    assert arguments.normalize_kind is rules.normalize_kind
+    for kind in checks.KINDS:  # every value the flag takes is a kind mk.strategy takes
+        assert rules.normalize_kind(kind) in rules.KINDS

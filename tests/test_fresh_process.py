@@ -76,3 +76,20 @@ def test_info_json_names_the_strategy():
 
 # What info says of a TF_CONFIG (a multi-worker choice, a malformed one) is checked in the
 # pytest process by tests/test_info.py: info only reads TF_CONFIG and plans.
+
+
+def _flag_rules_import_no_tensorflow():
+    import sys
+
+    from absl import flags
+
+    from mirrorkit.flags import checks, definitions
+
+    definitions.define_flags(flags.FlagValues())
+    checks.combination_problem  # noqa: B018 - imported, with the strategy rules it reads
+    return sorted(name for name in ("tensorflow", "keras") if name in sys.modules)
+
+
+def test_the_flags_strategy_rules_import_no_tensorflow(fresh):
+    """absl parses and checks the flags before main: no TensorFlow may start there."""
+    assert fresh(_flag_rules_import_no_tensorflow) == []

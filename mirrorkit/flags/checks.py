@@ -12,27 +12,29 @@ from absl import flags
 
 from mirrorkit.cluster import cluster_info
 from mirrorkit.environment_variables import TF_CONFIG
+from mirrorkit.strategies import rules
 
-#: ``--distribution_strategy`` values: mk.strategy's kinds and their aliases.
-KINDS = (
-    "auto",
-    "mirrored",
-    "multi_worker",
-    "multi_worker_mirrored",
-    "one_device",
-    "default",
-    "off",
+#: ``--distribution_strategy`` values: mk.strategy's kinds, each followed by its aliases.
+KINDS = tuple(
+    name
+    for kind in rules.KINDS
+    for name in (kind, *[alias for alias, target in rules.ALIASES.items() if target == kind])
 )
-#: ``--all_reduce_alg`` values (`mirrorkit.strategies.allreduce`).
-ALL_REDUCE_ALGS = ("auto", "ring", "nccl", "hierarchical_copy", "reduce_to_one")
-_PACKED = ("nccl", "hierarchical_copy")
-_SINGLE_REPLICA = ("one_device", "default", "off")
-_MULTI_WORKER = ("multi_worker", "multi_worker_mirrored")
+#: ``--all_reduce_alg`` values (`mirrorkit.strategies.rules`).
+ALL_REDUCE_ALGS = rules.ALL_REDUCE_CHOICES
 MIXED_PRECISION = ("off", "mixed_float16", "mixed_bfloat16")
 #: Pairs of flags of which the user may give one; the given one beats the other's default.
 _EXCLUSIVE = (("batch_size", "per_replica_batch_size"), ("cpu_replicas", "num_gpus"))
 _COLLECTIVE_ONLY = ("bucket_mb", "collective_timeout")
 _WHAT = {"batch_size": "batch size", "cpu_replicas": "replica devices"}
+
+
+def _single_replica(kind: str) -> bool:
+    return rules.normalize_kind(kind) in rules.SINGLE_REPLICA
+
+
+def _multi_worker_kind(kind: str) -> bool:
+    return rules.normalize_kind(kind) == "multi_worker"
 
 
 def given(fv: flags.FlagValues, name: str) -> Any:
@@ -51,7 +53,7 @@ def given(fv: flags.FlagValues, name: str) -> Any:
             return None
     if name in _COLLECTIVE_ONLY and not collective_runs(fv):
         return None
-    if name == "all_reduce_alg" and fv["distribution_strategy"].value in _SINGLE_REPLICA:
+    if name == "all_reduce_alg" and _single_replica(fv["distribution_strategy"].value):
         return "auto"  # one replica: nothing to all-reduce
     return flag.value
 
@@ -59,14 +61,14 @@ def given(fv: flags.FlagValues, name: str) -> Any:
 def collective_runs(fv: flags.FlagValues) -> bool:
     """Whether the flags choose TensorFlow's collective all-reduce (buckets and a timeout)."""
     kind, alg = fv["distribution_strategy"].value, fv["all_reduce_alg"].value
-    if kind in _SINGLE_REPLICA:
+    if _single_replica(kind):
         return False
     across_workers = (
-        kind in _MULTI_WORKER
+        _multi_worker_kind(kind)
         or len(fv["worker_hosts"].value or ()) > 1
         or (kind == "auto" and _env_multi_worker())
     )
-    return alg in ("auto", "ring") or (alg == "nccl" and across_workers)
+    return rules.collective(alg, across_workers)
 
 
 def _env_multi_worker() -> bool:
@@ -120,7 +122,7 @@ def _hosts(fv: flags.FlagValues) -> str | None:
         )
     if len(hosts) > 1 and index is None:
         return f"--worker_hosts names {len(hosts)} workers; --task_index must say which this is"
-    if len(hosts) > 1 and kind not in ("auto", *_MULTI_WORKER):
+    if len(hosts) > 1 and kind != "auto" and not _multi_worker_kind(kind):
         return (
             f"--worker_hosts names {len(hosts)} workers, but --distribution_strategy {kind} "
             "runs on one machine; use auto or multi_worker"
@@ -132,12 +134,12 @@ def _packs(fv: flags.FlagValues) -> str | None:
     if fv["num_packs"].value is None:
         return None
     alg, kind = fv["all_reduce_alg"].value, fv["distribution_strategy"].value
-    if alg not in _PACKED:
+    if alg not in rules.PACKED:
         return (
             f"--num_packs applies to --all_reduce_alg nccl or hierarchical_copy, not "
             f"--all_reduce_alg {alg} (the collective all-reduce packs by size: use --bucket_mb)"
         )
-    if kind in _MULTI_WORKER or len(fv["worker_hosts"].value or ()) > 1:
+    if _multi_worker_kind(kind) or len(fv["worker_hosts"].value or ()) > 1:
         return "--num_packs is for one host; across workers use --bucket_mb"
     return None
 
@@ -147,7 +149,7 @@ def _collective(fv: flags.FlagValues) -> str | None:
     used = [n for n in _COLLECTIVE_ONLY if given(fv, n) is not None]
     if (
         used
-        and fv["distribution_strategy"].value not in _SINGLE_REPLICA
+        and not _single_replica(fv["distribution_strategy"].value)
         and not collective_runs(fv)
     ):
         return (
@@ -159,9 +161,9 @@ def _collective(fv: flags.FlagValues) -> str | None:
 
 def _multi_worker(fv: flags.FlagValues) -> str | None:
     kind, alg = fv["distribution_strategy"].value, fv["all_reduce_alg"].value
-    if kind not in _MULTI_WORKER:
+    if not _multi_worker_kind(kind):
         return None
-    if alg in ("hierarchical_copy", "reduce_to_one"):
+    if alg not in rules.MULTI_WORKER_CHOICES:
         return (
             f"--all_reduce_alg {alg} is single-host; --distribution_strategy {kind} takes "
             "auto, ring or nccl"
@@ -176,10 +178,10 @@ def _multi_worker(fv: flags.FlagValues) -> str | None:
 
 def _one_replica(fv: flags.FlagValues) -> str | None:
     kind = fv["distribution_strategy"].value
-    if kind not in _SINGLE_REPLICA:
+    if not _single_replica(kind):
         return None
     replicas = [n for n in ("num_gpus", "cpu_replicas") if given(fv, n) is not None]
-    if kind in ("default", "off") and replicas:
+    if rules.normalize_kind(kind) == "default" and replicas:
         return f"--{replicas[0]} with --distribution_strategy {kind} (no distribution)"
     many = [n for n in replicas if given(fv, n) > 1]
     if many:

@@ -25,10 +25,10 @@ import dataclasses
 import tensorflow as tf
 
 from mirrorkit import internals
+from mirrorkit.strategies import rules
 
-ALL_REDUCE_CHOICES = ("auto", "nccl", "ring", "hierarchical_copy", "reduce_to_one")
-_MULTI_WORKER_CHOICES = ("auto", "ring", "nccl")
-_COLLECTIVE = ("auto", "ring")
+ALL_REDUCE_CHOICES = rules.ALL_REDUCE_CHOICES
+_MULTI_WORKER_CHOICES = rules.MULTI_WORKER_CHOICES
 
 
 @dataclasses.dataclass(frozen=True)
@@ -78,7 +78,7 @@ def require_gpus(all_reduce: str, *, has_gpus: bool) -> None:
         all_reduce: a name from `ALL_REDUCE_CHOICES`.
         has_gpus: whether this process sees any GPU.
     """
-    if all_reduce in ("nccl", "hierarchical_copy") and not has_gpus:
+    if all_reduce in rules.GPU_ONLY and not has_gpus:
         raise ValueError(
             f"all_reduce={all_reduce!r} needs GPUs, and this process sees none (so kind='auto' "
             "would run on one CPU device). Use all_reduce='auto' (TensorFlow's ring all-reduce on "
@@ -105,12 +105,12 @@ def plan_mirrored(
         ValueError: for a GPU-only op without GPUs, or options the op ignores.
     """
     name = normalize(all_reduce)
-    if name in ("nccl", "hierarchical_copy") and not on_gpus:
+    if name in rules.GPU_ONLY and not on_gpus:
         raise ValueError(
             f"all_reduce={name!r} needs GPUs, and these replicas are CPUs. Use all_reduce='auto' "
             "(TensorFlow's ring all-reduce on CPUs) or 'reduce_to_one'."
         )
-    if name in _COLLECTIVE:
+    if rules.collective(name, multi_worker=False):
         implementation = "ring" if name == "ring" else "auto"
         return AllReducePlan(None, _options(implementation, bucket_mb, timeout_s))
     if bucket_mb is not None or timeout_s is not None:

@@ -13,33 +13,10 @@ import keras
 
 from mirrorkit.cluster import chief
 from mirrorkit.number_checks import positive_number
+from mirrorkit.strategies import rules
 
-KINDS = ("auto", "mirrored", "multi_worker", "one_device", "default")
-ALIASES = {"multi_worker_mirrored": "multi_worker", "off": "default"}
-
-
-def normalize_kind(kind: str) -> str:
-    """Returns the canonical kind name, or raises naming the valid ones.
-
-    Args:
-        kind: a kind or alias, case-insensitive.
-
-    Returns:
-        One of `KINDS`.
-
-    Example:
-    ```python
-    from mirrorkit.strategies.arguments import normalize_kind
-
-    assert normalize_kind("Off") == "default"
-    ```
-    """
-    name = kind.lower() if isinstance(kind, str) else kind
-    name = ALIASES.get(name, name)
-    if name not in KINDS:
-        valid = ", ".join(KINDS + tuple(f"{a} (= {b})" for a, b in ALIASES.items()))
-        raise ValueError(f"Unknown strategy kind {kind!r}; valid kinds are {valid}")
-    return name
+#: The kinds, their aliases and `normalize_kind` live in `rules` (shared with the flags).
+KINDS, ALIASES, normalize_kind = rules.KINDS, rules.ALIASES, rules.normalize_kind
 
 
 def check_backend() -> None:

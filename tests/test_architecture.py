@@ -479,6 +479,54 @@ def test_notices_go_through_the_logger():
     assert found == [], f"say notices through mirrorkit.cluster.chief.say: {found}"
 
 
+def _foreign_patches(tree):
+    """Assignments (or setattr) to attributes of TensorFlow/Keras classes and modules: names
+    bound to ``tf.*`` / ``keras.*`` or to what ``internals.load`` / ``load_module`` return."""
+    foreign = {"tf", "keras"}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Assign) and len(node.targets) == 1:
+            target, value = node.targets[0], node.value
+            if isinstance(value, ast.Call):  # an instance, unless internals loaded a class
+                loads = _dotted(value.func) in ("internals.load", "internals.load_module")
+            else:  # a class or module of theirs, e.g. cls = tf.distribute.MirroredStrategy
+                loads = (_dotted(value) or "").split(".")[0] in ("tf", "keras")
+            if isinstance(target, ast.Name) and loads:
+                foreign.add(target.id)
+    found = []
+    for node in ast.walk(tree):
+        targets = node.targets if isinstance(node, ast.Assign) else []
+        for target in targets:
+            if isinstance(target, ast.Attribute) and isinstance(target.value, ast.Name):
+                if target.value.id in foreign:
+                    found.append(node)
+        if isinstance(node, ast.Call) and _dotted(node.func) in ("setattr", "delattr"):
+            first = node.args[0] if node.args else None
+            if isinstance(first, ast.Name) and first.id in foreign:
+                found.append(node)
+    return found
+
+
+def test_every_patch_of_tensorflow_or_keras_goes_through_the_repair_registry():
+    """A class or module of TensorFlow/Keras is patched only by a `Repair` (compat/_repair.py:
+    `compat.enable`'s, or a scoped one), so ``compat.active()`` lists it and it comes off."""
+    found = [
+        _where(path, node)
+        for path, tree in _trees(exclude=())
+        if path != PACKAGE / "compat" / "_repair.py"
+        for node in _foreign_patches(tree)
+    ]
+    assert found == [], f"patch TensorFlow/Keras through a compat Repair: {found}"
+
+
+def test_the_patch_check_sees_a_patch():
+    tree = ast.parse(
+        "cls = tf.distribute.MirroredStrategy\ncls._key = 1\n"
+        "trainer = internals.load_module('x', used_for='y')\ntrainer.tf = proxy\n"
+        "setattr(cls, 'get_next', f)\nmodel.train_function = None\n"
+    )
+    assert [node.lineno for node in _foreign_patches(tree)] == [2, 4, 5]
+
+
 def test_the_process_check_sees_a_start():
     tree = ast.parse("import subprocess as sp\nimport os\nsp.run(['x'])\nos.execv('x', [])\n")
     assert [t for _, t in _calls(tree)] == ["subprocess.run", "os.execv"]

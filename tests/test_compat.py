@@ -415,3 +415,27 @@ def test_python_logs_repair_is_needed_exactly_where_keras_logs_a_variable(withou
     compat.disable()
     logged, _ = _true_positives_history(strategy)
     assert python_logs.REPAIR.needed() == (not isinstance(logged[0], float)), type(logged[0])
+
+
+def test_scoped_patches_are_listed_while_in_place_and_described():
+    """ThroughputCallback's input clock patches TensorFlow's iterators for the fit only."""
+    strategy = mk.strategy(cpu_replicas=2)
+    model = mk.build(_model, strategy)
+    seen = []
+
+    class Look(keras.callbacks.Callback):
+        def on_epoch_end(self, epoch, logs=None):
+            seen.append((compat.active(), compat.describe()))
+
+    x, y = np.ones((16, 4), "float32"), np.zeros((16, 2), "float32")
+    model.fit(x, y, batch_size=8, verbose=0, callbacks=[mk.ThroughputCallback(verbose=0), Look()])
+    names, rows = seen[0]
+    clock = [name for name in names if name.startswith("input_clock.")]
+    assert "input_clock.DistributedIterator.get_next" in clock, names
+    assert [row["name"] for row in rows] == names
+    assert all(row["target"] and row["upstream"] and row["applies"] for row in rows)
+    by_name = {row["name"]: row for row in rows}
+    assert by_name["symbolic_build"]["target"].endswith("TensorFlowTrainer._maybe_symbolic_build")
+    assert "while the part of mirrorkit" in by_name[clock[0]]["applies"]
+    after = compat.active()
+    assert not [name for name in after if name.startswith("input_clock.")], after

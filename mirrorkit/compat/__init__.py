@@ -60,7 +60,7 @@ from mirrorkit.compat import (
     symbolic_build,
     validation_split,
 )
-from mirrorkit.compat._repair import Repair, spans_replicas
+from mirrorkit.compat._repair import SCOPED, Repair, spans_replicas
 
 REPAIRS: tuple[Repair, ...] = (
     symbolic_build.REPAIR,
@@ -129,8 +129,50 @@ def disable() -> None:
 
 
 def active() -> list[str]:
-    """Names of the repairs in place."""
-    return [repair.name for repair in REPAIRS if repair.active]
+    """Names of the patches in place: the repairs `enable` applied, then the scoped ones.
+
+    A scoped repair is in place while a part of mirrorkit needs it (``input_clock.*``
+    while a ``ThroughputCallback`` is installed); `describe` says why each is there.
+    """
+    return [repair.name for repair in REPAIRS if repair.active] + [r.name for r in SCOPED]
+
+
+def describe() -> list[dict[str, str]]:
+    """Every patch in place now, with its target, its upstream cause and when it applies.
+
+    Returns:
+        One dict per patch of `active`, in the same order: ``name``, ``target``
+        (``module.Class.attribute``), ``upstream`` (the issue, or why mirrorkit
+        patches it), ``applies`` (the Keras versions: where a canary reads Keras's
+        code, only while the bug is there; a scoped repair, only for a while).
+
+    Example:
+    ```python
+    import mirrorkit as mk
+
+    mk.strategy(cpu_replicas=2)
+    for patch in mk.compat.describe()[:3]:
+        print(patch["name"], "-", patch["target"], "-", patch["upstream"])
+    ```
+    """
+    rows = []
+    for repair in [r for r in REPAIRS if r.active] + list(SCOPED):
+        scoped = repair in SCOPED
+        if scoped:
+            applies = "while the part of mirrorkit that needs it runs"
+        elif repair.checks_keras:
+            applies = f"Keras {keras.__version__} still has the bug (its canary read the code)"
+        else:
+            applies = f"every Keras mirrorkit supports (now {keras.__version__})"
+        rows.append(
+            {
+                "name": repair.name,
+                "target": f"{repair.module}.{repair.target}",
+                "upstream": repair.upstream,
+                "applies": applies,
+            }
+        )
+    return rows
 
 
 def prepare_model(model: keras.Model, strategy: tf.distribute.Strategy) -> None:

@@ -1,9 +1,18 @@
-"""One repair of Keras: what it replaces and why (``docs/compat.md`` has each one's account)."""
+"""One repair of Keras: what it replaces and why (``docs/compat.md`` has each one's account).
+
+Every patch mirrorkit makes to TensorFlow or Keras is a `Repair`: the process-wide
+ones in `mirrorkit.compat.REPAIRS`, applied by ``compat.enable``; the ones a part
+of mirrorkit needs for a while (``ThroughputCallback``'s input clock while it is
+installed, the step compiler during a trace, a strategy's collective keys during
+its construction) through `scoped` / `apply_scoped`, which keep them listed in
+``compat.active()`` while they are in place.
+"""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from mirrorkit import internals
@@ -13,6 +22,11 @@ from mirrorkit.cluster import workers
 def spans_replicas(strategy: Any) -> bool:
     """Whether `strategy` runs more than one replica or spans several workers."""
     return strategy.num_replicas_in_sync > 1 or workers.is_multi_worker(strategy)
+
+
+def _always() -> bool:
+    """The default canary: the bug is there in every Keras mirrorkit supports."""
+    return True
 
 
 @dataclasses.dataclass
@@ -37,10 +51,15 @@ class Repair:
     target: str
     replacement: Callable[[Any], Any]
     applies_to: Callable[[Any], bool]
-    needed: Callable[[], bool] = lambda: True
+    needed: Callable[[], bool] = _always
     original: Any = None
     #: Whether the owner held the target itself (not inherited from a base class).
     owned: bool = True
+
+    @property
+    def checks_keras(self) -> bool:
+        """Whether the repair reads Keras's code to tell if the bug is still there."""
+        return self.needed is not _always
 
     @property
     def active(self) -> bool:
@@ -112,3 +131,51 @@ def multi_worker_repair(
         replacement=replacement,
         applies_to=workers.is_multi_worker,
     )
+
+
+#: The scoped repairs in place now, in the order they were applied.
+SCOPED: list[Repair] = []
+
+
+def apply_scoped(repair: Repair) -> None:
+    """Applies `repair` until `remove_scoped`; ``compat.active()`` lists it meanwhile.
+
+    Raises:
+        InternalChangedError: the target is missing (a scoped repair is needed, not optional).
+    """
+    owner, attr = repair._owner_and_attr()
+    if not hasattr(owner, attr):
+        raise internals.changed(f"{repair.module}.{repair.target}", repair.upstream)
+    original = getattr(owner, attr)
+    repair.owned = attr in vars(owner)
+    setattr(owner, attr, repair.replacement(original))
+    repair.original = original if original is not None else _NONE
+    SCOPED.append(repair)
+
+
+def remove_scoped(repair: Repair) -> None:
+    """Puts back what `apply_scoped` replaced (nothing if it is not in place)."""
+    if repair not in SCOPED:
+        return
+    SCOPED.remove(repair)
+    original = None if repair.original is _NONE else repair.original
+    owner, attr = repair._owner_and_attr()
+    if repair.owned:
+        setattr(owner, attr, original)
+    else:
+        delattr(owner, attr)
+    repair.original = None
+
+
+@contextlib.contextmanager
+def scoped(repair: Repair) -> Iterator[Repair]:
+    """`repair` in place for the block (`apply_scoped`, then `remove_scoped`)."""
+    apply_scoped(repair)
+    try:
+        yield repair
+    finally:
+        remove_scoped(repair)
+
+
+#: Stands for an original value of None while a scoped repair is in place.
+_NONE = object()

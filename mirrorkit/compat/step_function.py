@@ -37,7 +37,7 @@ import tensorflow as tf
 
 from mirrorkit import internals
 from mirrorkit.cluster import chief
-from mirrorkit.compat._repair import Repair, spans_replicas
+from mirrorkit.compat._repair import Repair, scoped, spans_replicas
 
 #: The name of the per-step closure inside Keras's ``_make_function``.
 _STEP_CLOSURE = "one_step_on_data"
@@ -70,14 +70,18 @@ _USED_FOR = "the step_function repair (steps_per_execution > 1, jit_compile; sev
 
 @contextlib.contextmanager
 def _step_compiled_as(inline: bool) -> Iterator[_InlineStepTF]:
-    trainer = internals.load_module(_TRAINER, used_for=_USED_FOR)
-    keras_tf = internals.require(trainer, "tf", name=f"{_TRAINER}.tf", used_for=_USED_FOR)
+    """The trainer module's ``tf`` is the proxy while Keras makes its function (scoped)."""
     proxy = _InlineStepTF(inline)
-    trainer.tf = proxy
-    try:
+    swap = Repair(
+        name="step_function_tf",
+        upstream=_USED_FOR,
+        module=_TRAINER,
+        target="tf",
+        replacement=lambda keras_tf: proxy,
+        applies_to=spans_replicas,
+    )
+    with scoped(swap):
         yield proxy
-    finally:
-        trainer.tf = keras_tf
 
 
 def _check_seen(proxy: _InlineStepTF) -> None:

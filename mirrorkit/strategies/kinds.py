@@ -16,6 +16,7 @@ import tensorflow as tf
 
 from mirrorkit import internals
 from mirrorkit.cluster import chief, cluster_info, slurm
+from mirrorkit.compat._repair import Repair, scoped
 from mirrorkit.strategies import allreduce
 from mirrorkit.strategies import devices as devices_lib
 
@@ -71,9 +72,16 @@ def _with_own_collective_keys(make: Callable[[], tf.distribute.MirroredStrategy]
     name = "MirroredStrategy._collective_key_base"
     used_for = "separate collective keys for each MirroredStrategy in a process"
     internals.require(cls, "_collective_key_base", name=name, used_for=used_for)
-    saved = cls.__dict__.get("_collective_key_base", None)
-    base = cls._collective_key_base = (next(_strategies_made) + 1) * _KEYS_PER_STRATEGY
-    try:
+    base = (next(_strategies_made) + 1) * _KEYS_PER_STRATEGY
+    keys = Repair(
+        name="collective_key_base",
+        upstream=used_for,
+        module=cls.__module__,
+        target=f"{cls.__name__}._collective_key_base",
+        replacement=lambda tf_base: base,
+        applies_to=lambda strategy: True,
+    )
+    with scoped(keys):
         made = make()
         taken = internals.require(
             made.extended,
@@ -81,14 +89,9 @@ def _with_own_collective_keys(make: Callable[[], tf.distribute.MirroredStrategy]
             name="MirroredStrategy.extended._collective_key_base",
             used_for=used_for,
         )
-        if taken != base:
-            raise internals.changed(name, used_for, "the strategy did not take the base set")
-        return made
-    finally:
-        if saved is None:
-            del cls._collective_key_base
-        else:
-            cls._collective_key_base = saved
+    if taken != base:
+        raise internals.changed(name, used_for, "the strategy did not take the base set")
+    return made
 
 
 def multi_worker(*, devices, num_gpus, cpu_replicas, all_reduce, bucket_mb, timeout_s):

@@ -38,6 +38,7 @@ import numpy as np
 import tensorflow as tf
 
 from mirrorkit import internals
+from mirrorkit.compat._repair import Repair, apply_scoped, remove_scoped
 
 #: Steps kept between two reads of the ring buffer.
 DEFAULT_CAPACITY = 8192
@@ -68,7 +69,7 @@ class InputClock:
     def __init__(self, capacity: int = DEFAULT_CAPACITY):
         self.capacity = capacity
         self.recording = False
-        self._saved: list[tuple[type, str, object]] = []
+        self._saved: list[Repair] = []
         self._buffer: tf.Variable | None = None
         self._count: tf.Variable | None = None
         self._read_upto = 0
@@ -113,14 +114,22 @@ class InputClock:
                 used_for="ThroughputCallback's input wait without the other workers' wait",
             )
             targets.append((cls, method, original, self._produced(original)))
-        for cls, method, original, wrapped in targets:
-            self._saved.append((cls, method, original))
-            setattr(cls, method, wrapped)
+        for cls, method, _original, wrapped in targets:  # each a scoped repair, listed meanwhile
+            repair = Repair(
+                name=f"input_clock.{cls.__name__}.{method}",
+                upstream="ThroughputCallback's input wait (while it is installed)",
+                module=cls.__module__,
+                target=f"{cls.__name__}.{method}",
+                replacement=lambda original, wrapped=wrapped: wrapped,
+                applies_to=lambda strategy: True,
+            )
+            apply_scoped(repair)
+            self._saved.append(repair)
 
     def uninstall(self) -> None:
         """Puts TensorFlow's own methods back."""
-        for cls, method, original in reversed(self._saved):
-            setattr(cls, method, original)
+        for repair in reversed(self._saved):
+            remove_scoped(repair)
         self._saved = []
 
     def _produced(self, original):

@@ -12,7 +12,6 @@ import keras
 import numpy as np
 import pytest
 
-import mirrorkit as mk
 from mirrorkit.training import step_hooks
 
 
@@ -102,44 +101,53 @@ def test_bad_hooks_are_named():
 
 
 #: mirrorkit's callbacks that act on the step, by a short name.
-def _callbacks(backup_dir):
-    return {
-        "throughput": mk.ThroughputCallback(verbose=0),
-        "nan_guard": mk.callbacks.NaNGuard(),
-        "sync_check": mk.callbacks.ReplicaSyncCheck(every_n_steps=4),
-        "watchdog": mk.callbacks.HangWatchdog(hang_timeout_s=120),
-        "resumable": mk.resumable(str(backup_dir)),
-    }
+NAMES = ("throughput", "nan_guard", "sync_check", "watchdog", "resumable", "preemption")
+
+#: Each callback first once and last once (the rotations), and the reverse of the first.
+ORDERS = [NAMES[i:] + NAMES[:i] for i in range(len(NAMES))] + [NAMES[::-1]]
 
 
-#: Each callback first once and last once, and the reverse of the first.
-ORDERS = [
-    ("throughput", "nan_guard", "sync_check", "watchdog", "resumable"),
-    ("nan_guard", "sync_check", "watchdog", "resumable", "throughput"),
-    ("sync_check", "watchdog", "resumable", "throughput", "nan_guard"),
-    ("watchdog", "resumable", "throughput", "nan_guard", "sync_check"),
-    ("resumable", "throughput", "nan_guard", "sync_check", "watchdog"),
-    ("resumable", "watchdog", "sync_check", "nan_guard", "throughput"),
-]
+def _every_order(workdir):
+    """In a fresh process (PreemptionCheckpoint installs TensorFlow's SIGTERM handler): each
+    order's last epoch figures and weights, on 2 CPU replicas with fp16 gradients."""
+    import os
 
+    import keras
 
-@pytest.mark.slow
-def test_every_order_of_the_callbacks_gives_the_same_verdicts_figures_and_weights(tmp_path):
+    import mirrorkit as mk
+
     strategy = mk.strategy(cpu_replicas=2)
     x, y = _xy(1024)
     results = []
     for index, order in enumerate(ORDERS):
         keras.utils.set_random_seed(3)
         model = mk.build(_model, strategy, gradient_compression="fp16")
-        callbacks = _callbacks(tmp_path / f"backup{index}")
         data = mk.distribute((x, y), strategy, global_batch_size=64, shuffle=False)
+        callbacks = {
+            "throughput": mk.ThroughputCallback(verbose=0),
+            "nan_guard": mk.callbacks.NaNGuard(),
+            "sync_check": mk.callbacks.ReplicaSyncCheck(every_n_steps=4),
+            "watchdog": mk.callbacks.HangWatchdog(hang_timeout_s=120),
+            "resumable": mk.resumable(os.path.join(workdir, f"backup{index}")),
+            "preemption": mk.PreemptionCheckpoint(os.path.join(workdir, f"ckpt{index}"), data),
+        }
         model.fit(data, epochs=3, verbose=0, callbacks=[callbacks[name] for name in order])
         last = callbacks["throughput"].report.epochs[-1]
-        results.append((order, last, model.get_weights()))
-    for order, last, weights in results:
+        figures = (last.host_share, last.input_wait_share, last.verdict)
+        results.append((order, figures, [w.copy() for w in model.get_weights()]))
+    return results
+
+
+@pytest.mark.multiprocess
+def test_every_order_of_the_callbacks_gives_the_same_verdicts_figures_and_weights(
+    fresh, tmp_path
+):
+    results = fresh(_every_order, str(tmp_path))
+    first_weights = results[0][2]
+    for order, (host_share, input_wait_share, verdict), weights in results:
         # The step is the compiled call; around it only Keras's loop: a small share.
-        assert last.host_share < 0.3, (order, last.host_share, last.verdict)
-        assert not last.verdict.startswith("host-bound"), (order, last.verdict)
-        assert last.input_wait_share is not None and last.input_wait_share < 0.5, order
-        for mine, first in zip(weights, results[0][2], strict=True):
+        assert host_share < 0.3, (order, host_share, verdict)
+        assert not verdict.startswith("host-bound"), (order, verdict)
+        assert input_wait_share is not None and input_wait_share < 0.5, order
+        for mine, first in zip(weights, first_weights, strict=True):
             np.testing.assert_array_equal(mine, first)

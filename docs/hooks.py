@@ -30,9 +30,7 @@ LINKED = (
     "notebooks/*",
     "ci/*",
     ".ci/run",
-    "mirrorkit/demo/data/README.md",
     "pyproject.toml",
-    "CHANGELOG.md",
     "LICENSE",
 )
 
@@ -41,7 +39,9 @@ def _repository_files() -> list[str]:
     found = set()
     for pattern in LINKED:
         for path in ROOT.glob(pattern):
-            if path.is_file() and "__pycache__" not in path.parts:
+            # a Markdown file would become a page of raw HTML under source/ (and a second
+            # search hit for the changelog, which has its page): pages link none of them
+            if path.is_file() and "__pycache__" not in path.parts and path.suffix != ".md":
                 found.add(path.relative_to(ROOT).as_posix())
     return sorted(found)
 

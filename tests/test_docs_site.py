@@ -17,7 +17,9 @@
 from __future__ import annotations
 
 import ast
+import importlib
 import importlib.util
+import json
 import os
 import re
 import subprocess
@@ -80,6 +82,38 @@ def test_the_site_builds_in_strict_mode(tmp_path):
         page = site / "notebooks" / notebook.stem / "index.html"
         assert page.is_file(), f"{notebook.name} is not a page of the site"
     assert "Unreleased" in (site / "changelog" / "index.html").read_text()
+    # no repository Markdown file becomes a raw page under source/ (nor a second changelog)
+    assert not list((site / "source").rglob("*.md")), list((site / "source").rglob("*.md"))
+    index = json.loads((site / "search" / "search_index.json").read_text())["docs"]
+    hits = {d["location"].split("#")[0] for d in index if "Unreleased" in d["text"] + d["title"]}
+    assert hits == {"changelog/"}, hits
+    _how_do_i_answers_are_found(index)
+
+
+#: Questions users asked, a search term each, and the page that answers it (issue: docs).
+QUESTIONS = {
+    "2 GPUs in a notebook": ("GPUs", "notebook/"),
+    "an absl script on Slurm": ("srun", "clusters/slurm/"),
+    "resume after a crash": ("resumable", "resume/"),
+    "supported versions": ("CUDA", "versions/"),
+    "a custom train_step": ("train_step", "own-train-step/"),
+    "silencing mirrorkit's notices": ("silence", "troubleshooting/"),
+    "a model built outside the scope": ("outside the scope", "own-train-step/"),
+    "a GAN": ("GAN", "own-train-step/"),
+}
+
+
+def _how_do_i_answers_are_found(index):
+    """Each question's term is on the page that answers it, and the How do I page links it."""
+    how = " ".join(d["text"] for d in index if d["location"].startswith("how-do-i/"))
+    for question, (term, page) in QUESTIONS.items():
+        found = {
+            d["location"].split("#")[0]
+            for d in index
+            if term.lower() in (d["title"] + " " + d["text"]).lower()
+        }
+        assert page in found, f"searching {term!r} ({question}) does not find {page}: {found}"
+        assert term.lower() in how.lower() or page.rstrip("/") in how, question
 
 
 def _public() -> dict[str, str]:

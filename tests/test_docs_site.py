@@ -17,6 +17,7 @@
 from __future__ import annotations
 
 import ast
+import html
 import importlib
 import importlib.util
 import json
@@ -78,6 +79,11 @@ def test_the_site_builds_in_strict_mode(tmp_path):
     api = (site / "api" / "mirrorkit" / "index.html").read_text()
     for name in _public_names():
         assert f'id="mirrorkit.{name}"' in api, f"the API reference does not render mk.{name}"
+    text = html.unescape(re.sub(r"<[^>]+>", "", api))
+    assert "distribute(\n    data: Any,\n" in text, "signatures are not formatted (ruff)"
+    returns = text.split("distribute(\n    data: Any,", 1)[1].split("Returns:", 1)[1][:800]
+    rows = returns.split("Raises:", 1)[0]  # mk.distribute returns one object: one row
+    assert rows.count("DistributedDataset") == 1 and "own distributed dataset" in rows, rows
     for notebook in sorted((ROOT / "notebooks").glob("*.ipynb")):
         page = site / "notebooks" / notebook.stem / "index.html"
         assert page.is_file(), f"{notebook.name} is not a page of the site"

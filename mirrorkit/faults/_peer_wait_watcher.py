@@ -43,6 +43,14 @@ _STOP_HINT = (
     "(kill -TERM -PGID); a SIGTERM to this process alone is caught by TensorFlow and ends "
     "the wait only at startup_timeout_s"
 )
+#: The hint where this process ignores SIGINT: it inherited SIG_IGN (started in the background
+#: by a shell script, under nohup-like tools), so Ctrl-C and kill -INT never reach it.
+_STOP_HINT_SIGINT_IGNORED = (
+    ". To stop the wait: SIGTERM to the process group (kill -TERM -PGID). This process ignores "
+    "SIGINT (it was started with SIGINT ignored, e.g. in the background by a script), so "
+    "Ctrl-C and kill -INT do not reach it; a SIGTERM to this process alone is caught by "
+    "TensorFlow and ends the wait only at startup_timeout_s"
+)
 
 
 def _pending(pid: int) -> str | None:
@@ -146,7 +154,8 @@ def main(spec: dict) -> None:
                     if missing
                     else "all tasks answer; waiting for them to join"
                 )
-                hint = "" if hinted else _STOP_HINT
+                stop = _STOP_HINT_SIGINT_IGNORED if spec.get("sigint_ignored") else _STOP_HINT
+                hint = "" if hinted else stop
                 hinted = True
                 _say(
                     f"waiting for the other workers ({now - start:.0f} s of "

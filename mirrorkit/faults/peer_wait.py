@@ -30,6 +30,10 @@ Which signals it sees (measured on TF 2.21):
   launch`'s teardown, a container runtime stopping the group), since the
   helper shares the group.
 
+A process that inherited SIGINT ignored (a background job of a shell script,
+``nohup``-like tools) never receives SIGINT; its first "waiting for" line says
+so and names SIGTERM to the process group instead.
+
 A SIGTERM sent to this process id alone (``kill PID``, a container's PID 1)
 is not seen: TensorFlow's preemption notifier installs its own C handler
 during the constructor, before the wait, and that handler only sets a flag;
@@ -138,6 +142,8 @@ def watch(
         "rank": info.worker_index,
         "chief": info.is_chief,
         "status": STARTUP_STOPPED,  # what its messages say this process ends with
+        # inherited SIG_IGN (a background job of a script): SIGINT never arrives, say so
+        "sigint_ignored": signal.getsignal(signal.SIGINT) == signal.SIG_IGN,
     }
     # Python's C-level handler writes the number of each signal it catches (SIGINT) to the
     # wakeup descriptor, from whichever thread the kernel chose, while TensorFlow holds the GIL

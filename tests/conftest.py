@@ -211,13 +211,13 @@ def _modules_free_their_input():
 @pytest.fixture(autouse=True)
 def _notices_unsaid():
     """Each test starts with no notice said yet, so "said once" checks do not depend on order."""
-    from mirrorkit.cluster import chief
+    from mirrorkit import notices
 
-    said = set(chief._said)
-    chief._said.clear()
+    said = set(notices._said)
+    notices._said.clear()
     yield
-    chief._said.clear()
-    chief._said.update(said)
+    notices._said.clear()
+    notices._said.update(said)
 
 
 @pytest.fixture

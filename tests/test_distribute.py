@@ -6,7 +6,7 @@ import pytest
 import tensorflow as tf
 
 import mirrorkit as mk
-from mirrorkit.cluster import chief
+from mirrorkit import notices
 
 NUM_EXAMPLES = 1000
 GLOBAL_BATCH = 64
@@ -402,7 +402,7 @@ def test_a_cache_after_a_shuffle_is_said_in_training(capfd):
     assert "cache()d after it is shuffled" not in capfd.readouterr().err
     mk.distribute(shuffled, _strategy(2))
     assert "every epoch replays the first epoch's order" in capfd.readouterr().err
-    chief._said.clear()  # said once per process: let it be said again if it were due
+    notices._said.clear()  # said once per process: let it be said again if it were due
     mk.distribute(tf.data.Dataset.range(64).cache().shuffle(64).batch(8), _strategy(2))
     assert "cache()d after it is shuffled" not in capfd.readouterr().err
 
@@ -422,12 +422,12 @@ def _replica_parts(batch):
 
 def test_a_dataset_that_repeats_forever_is_not_said_to_have_an_unknown_length(capfd):
     for batched in (False, True):
-        chief._said.clear()
+        notices._said.clear()
         data = tf.data.Dataset.range(64).repeat()
         data = mk.distribute(data.batch(8) if batched else data, _strategy(2), global_batch_size=8)
         assert data.steps_per_epoch is None
         assert "is unknown" not in capfd.readouterr().err
-    chief._said.clear()
+    notices._said.clear()
     mk.distribute(tf.data.Dataset.range(64).filter(lambda i: i > 2).batch(8), _strategy(2))
     assert "the number of batches in data is unknown" in capfd.readouterr().err
 

@@ -26,7 +26,8 @@ import pytest
 from _models import tiny_model
 
 import mirrorkit as mk
-from mirrorkit.cluster import chief, cluster_info
+from mirrorkit import notices
+from mirrorkit.cluster import cluster_info
 from mirrorkit.commands import launch
 from mirrorkit.compat.shared_monitor import agreed_value
 
@@ -74,15 +75,15 @@ def _tf_config(text: str) -> Callable[[], object]:
 
 def _said(fn: Callable[[], object]) -> Callable[[], tuple[str, str]]:
     def run():
-        saved = set(chief._said)
-        chief._said.clear()
+        saved = set(notices._said)
+        notices._said.clear()
         err = io.StringIO()
         try:
             with contextlib.redirect_stderr(err):
                 fn()
         finally:
-            chief._said.clear()  # what the case said stays unsaid for later tests
-            chief._said.update(saved)
+            notices._said.clear()  # what the case said stays unsaid for later tests
+            notices._said.update(saved)
         return "said", err.getvalue()
 
     return run
@@ -486,14 +487,14 @@ def outcome(fn: Callable[[], object]) -> tuple[str, str]:
 @pytest.fixture(scope="module")
 def cases(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("errors")
-    cwd, said = os.getcwd(), set(chief._said)
+    cwd, said = os.getcwd(), set(notices._said)
     os.chdir(tmp)  # the relative paths (missing.json, train.py) resolve here
     try:
         yield _cases(tmp)
     finally:
         os.chdir(cwd)
-        chief._said.clear()  # notices said by these cases stay unsaid for later tests
-        chief._said.update(said)
+        notices._said.clear()  # notices said by these cases stay unsaid for later tests
+        notices._said.update(said)
 
 
 def test_every_row_has_a_case_and_every_case_a_row(cases):

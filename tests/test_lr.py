@@ -9,14 +9,14 @@ import numpy as np
 import pytest
 
 import mirrorkit as mk
-from mirrorkit.cluster import chief
+from mirrorkit import notices
 
 
 @pytest.fixture(autouse=True)
 def _forget_said():
-    chief._said.clear()
+    notices._said.clear()
     yield
-    chief._said.clear()
+    notices._said.clear()
 
 
 def _value(schedule, step):

@@ -56,6 +56,10 @@ def test_say_once_says_once_and_only_on_the_chief(logger, capsys, monkeypatch):
     chief.say_once("key", "first")
     chief.say_once("key", "second")
     assert capsys.readouterr().err == "mirrorkit: first\n"
+    assert not notices.first_time("key")  # one say-once: the chief's and the launcher's
+    notices._said.discard("key")
+    chief.say_once("key", "again")  # the key forgotten (as tests do): said again
+    assert capsys.readouterr().err == "mirrorkit: again\n"
     monkeypatch.setenv(
         "TF_CONFIG",
         '{"cluster": {"worker": ["localhost:1", "localhost:2"]}, '

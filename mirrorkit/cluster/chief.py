@@ -18,8 +18,6 @@ from typing import Any
 from mirrorkit import notices
 from mirrorkit.cluster import cluster_info
 
-_said: set[str] = set()
-
 
 def is_chief() -> bool:
     """Returns True in the process that owns side effects of the job.
@@ -95,10 +93,8 @@ def say_once(key: str, message: str, level: int = logging.INFO) -> None:
         message: the notice.
         level: its logging level.
     """
-    if key in _said:
-        return
-    _said.add(key)
-    say(message, level)
+    if notices.first_time(key):
+        say(message, level)
 
 
 def warn_once(key: str, message: str, category: type[Warning] = UserWarning) -> None:

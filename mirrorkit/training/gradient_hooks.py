@@ -33,6 +33,7 @@ from collections.abc import Callable
 from typing import Any
 
 from mirrorkit import internals
+from mirrorkit.training import hook_places
 
 #: The private Keras method the chain replaces, and how errors name it.
 ALL_REDUCE = "_all_reduce_sum_gradients"
@@ -75,7 +76,7 @@ class Gradients:
 
 
 @dataclasses.dataclass(frozen=True)
-class GradientHook:
+class GradientHook(hook_places.PlacedHook):
     """One hook in the chain.
 
     Args:
@@ -93,30 +94,9 @@ class GradientHook:
         TypeError: `fn` is not callable.
     """
 
-    name: str
-    fn: Callable[..., Any]
-    stage: str | None = None
-    order: int = 0
-
-    def __post_init__(self):
-        if not isinstance(self.name, str) or not self.name:
-            raise ValueError(f"a gradient hook needs a non-empty name; got {self.name!r}")
-        if not callable(self.fn):
-            raise TypeError(f"gradient hook {self.name!r}: fn must be callable; got {self.fn!r}")
-        if self.stage is None:
-            if self.name not in PLACES:
-                raise ValueError(
-                    f"gradient hook {self.name!r} needs stage= (one of {', '.join(STAGES)}); "
-                    f"only mirrorkit's own hooks ({', '.join(PLACES)}) take theirs from PLACES"
-                )
-            stage, order = PLACES[self.name]
-            object.__setattr__(self, "stage", stage)
-            object.__setattr__(self, "order", order)
-        elif self.stage not in STAGES:
-            raise ValueError(
-                f"gradient hook {self.name!r}: stage must be one of {', '.join(STAGES)}; "
-                f"got {self.stage!r}"
-            )
+    KIND = "gradient hook"
+    PLACES = PLACES
+    STAGES = STAGES
 
 
 class _Chain:

@@ -36,6 +36,8 @@ import weakref
 from collections.abc import Callable
 from typing import Any
 
+from mirrorkit.training import hook_places
+
 #: The stages, outermost first.
 STAGES = ("call", "traced")
 
@@ -55,7 +57,7 @@ PLACES = {
 
 
 @dataclasses.dataclass(frozen=True)
-class StepHook:
+class StepHook(hook_places.PlacedHook):
     """One hook in a model's step chain.
 
     Args:
@@ -71,30 +73,9 @@ class StepHook:
         TypeError: `fn` is not callable.
     """
 
-    name: str
-    fn: Callable[..., Any]
-    stage: str | None = None
-    order: int = 0
-
-    def __post_init__(self):
-        if not isinstance(self.name, str) or not self.name:
-            raise ValueError(f"a step hook needs a non-empty name; got {self.name!r}")
-        if not callable(self.fn):
-            raise TypeError(f"step hook {self.name!r}: fn must be callable; got {self.fn!r}")
-        if self.stage is None:
-            if self.name not in PLACES:
-                raise ValueError(
-                    f"step hook {self.name!r} needs stage= (one of {', '.join(STAGES)}); "
-                    f"only mirrorkit's own hooks ({', '.join(PLACES)}) take theirs from PLACES"
-                )
-            stage, order = PLACES[self.name]
-            object.__setattr__(self, "stage", stage)
-            object.__setattr__(self, "order", order)
-        elif self.stage not in STAGES:
-            raise ValueError(
-                f"step hook {self.name!r}: stage must be one of {', '.join(STAGES)}; "
-                f"got {self.stage!r}"
-            )
+    KIND = "step hook"
+    PLACES = PLACES
+    STAGES = STAGES
 
 
 class _Chain:

@@ -81,10 +81,9 @@ class StepHook(hook_places.PlacedHook):
 class _Chain:
     """A model's hooks, and what the chain stands in for."""
 
-    def __init__(self, model: Any):
-        self.model = weakref.ref(model)
+    def __init__(self):
         self.hooks: dict[str, StepHook] = {}
-        self.saved_train_step = vars(model).get("train_step")  # None: the class's method
+        self.saved_train_step = None  # while traced hooks are in place: None, the class's method
         self.traced_in_place = False
 
     def ordered(self, stage: str) -> list[StepHook]:
@@ -160,7 +159,7 @@ def register(model: Any, hook: StepHook) -> None:
     step_chain.REPAIR.apply()
     chain = _CHAINS.get(model)
     if chain is None:
-        chain = _CHAINS[model] = _Chain(model)
+        chain = _CHAINS[model] = _Chain()
     previous = chain.hooks.get(hook.name)
     chain.hooks[hook.name] = hook
     if hook.stage == "traced" or (previous is not None and previous.stage == "traced"):

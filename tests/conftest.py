@@ -301,3 +301,18 @@ def pytest_terminal_summary(terminalreporter):
     if line:
         terminalreporter.write_sep("-", "documentation examples (tests/test_doc_examples.py)")
         terminalreporter.write_line(line)
+
+
+@pytest.fixture(autouse=True)
+def _no_scoped_patch_outlives_its_test():
+    """A scoped patch (``compat.SCOPED``) still in place after a test is a leak in mirrorkit:
+    a later test in this process, and a user's next call, would run under it. It is removed
+    and the test fails."""
+    from mirrorkit.compat import _repair
+
+    before = list(_repair.SCOPED)
+    yield
+    left = [repair for repair in _repair.SCOPED if repair not in before]
+    for repair in reversed(left):
+        _repair.remove_scoped(repair)
+    assert not left, f"still in place after this test: {[repair.name for repair in left]}"

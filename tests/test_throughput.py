@@ -257,6 +257,24 @@ def test_the_callback_applies_the_gap_and_the_report_says_the_rule():
     assert "STRAGGLER" not in report_module.summary_line(tiny, callback.report)
 
 
+def test_the_input_clock_is_in_place_only_during_fit():
+    """evaluate and predict set the model but never end training: nothing stays patched."""
+    strategy = mk.strategy(cpu_replicas=2)
+    model = mk.build(_model, strategy)
+    data = mk.distribute(_batches(2), strategy, global_batch_size=GLOBAL_BATCH, shuffle=False)
+    callback = mk.ThroughputCallback(verbose=0)
+    seen = []
+    during = keras.callbacks.LambdaCallback(
+        on_train_batch_end=lambda batch, logs: seen.append(mk.compat.active())
+    )
+    model.evaluate(data, verbose=0, callbacks=[callback])
+    model.predict(data, verbose=0, callbacks=[callback])
+    assert not [name for name in mk.compat.active() if name.startswith("input_clock.")]
+    model.fit(data, epochs=1, verbose=0, callbacks=[callback, during])
+    assert any(name.startswith("input_clock.") for name in seen[0])
+    assert not [name for name in mk.compat.active() if name.startswith("input_clock.")]
+
+
 def test_tensorboard_dir_without_tensorboard_is_a_clear_error(monkeypatch):
     import sys
 

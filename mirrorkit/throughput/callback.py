@@ -141,10 +141,14 @@ class ThroughputCallback(keras.callbacks.Callback):
                     "ThroughputCallback: the optimizer has no gradient all-reduce to time; "
                     "stragglers cannot be told apart",
                 )
-        self._input_clock.install()
 
     def on_train_begin(self, logs: dict | None = None) -> None:
-        """Starts a new report."""
+        """Starts a new report and the input clock (`on_train_end` removes it).
+
+        Installed here, not in `set_model`: `evaluate` and `predict` set the model too and
+        never call `on_train_end`, so an input clock installed there stayed in place.
+        """
+        self._input_clock.install()
         strategy = self.model.distribute_strategy
         self.report = ThroughputReport(
             strategy.num_replicas_in_sync,

@@ -106,6 +106,8 @@ QUESTIONS = {
     "silencing mirrorkit's notices": ("silence", "troubleshooting/"),
     "a model built outside the scope": ("outside the scope", "own-train-step/"),
     "a GAN": ("GAN", "own-train-step/"),
+    "reading the throughput report": ("input_wait_share", "throughput/"),
+    "what an error means": ("task.type", "errors/"),
 }
 
 
@@ -182,6 +184,17 @@ def test_every_link_from_the_readme_lands_on_a_page_that_exists():
         assert target.exists(), f"README links {link}, which does not exist"
         if anchor:
             assert anchor in _anchors(target.read_text()), f"README links {link}: no such heading"
+
+
+def test_the_docs_tools_install_alone_or_with_mirrorkit():
+    """`pip install --group docs` (no TensorFlow) and the docs extra install the same tools."""
+    import tomllib
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    extra = project["project"]["optional-dependencies"]["docs"]
+    group = project["dependency-groups"]["docs"]
+    assert group == extra, "pyproject.toml's docs group and docs extra list different tools"
+    assert not [tool for tool in group if tool.split(">")[0].split("[")[0] in ("tensorflow", "keras")]
 
 
 def test_the_readme_is_a_short_first_page():

@@ -6,6 +6,7 @@ a PNG image, and no error.
 """
 
 import os
+import sys
 
 import nbformat
 import pytest
@@ -41,6 +42,24 @@ def test_stored_outputs_show_tables_and_plots(name):
     assert any("<table" in d.get("text/html", "") for d in data)
     assert any("image/png" in d for d in data)
     assert not [o for o in outputs if o.get("output_type") == "error"]
+    stderr = "".join(o["text"] for o in outputs if o.get("name") == "stderr")
+    assert "cuInit" not in stderr and "absl::InitializeLog" not in stderr, "store_outputs.py"
+    assert "mirrorkit: " not in stderr, "a stored notice on stderr: run notebooks/store_outputs.py"
+
+
+def test_storing_drops_only_tensorflow_s_startup_lines():
+    sys.path.insert(0, NOTEBOOKS)
+    try:
+        from store_outputs import without_tensorflow_startup
+    finally:
+        sys.path.remove(NOTEBOOKS)
+    stderr = (
+        "WARNING: All log messages before absl::InitializeLog() is called are written to STDERR\n"
+        "I0000 00:00:1796017053.395280   23163 cudart_stub.cc:31] Could not find cuda drivers\n"
+        "a cell's own lineE0000 00:00:1796017064.97   23163 cuda_platform.cc:52] failed call\n"
+        "Traceback: a real error\n"
+    )
+    assert without_tensorflow_startup(stderr) == "a cell's own line\nTraceback: a real error\n"
 
 
 @pytest.mark.parametrize("name", NAMES)

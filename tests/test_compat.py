@@ -439,3 +439,19 @@ def test_scoped_patches_are_listed_while_in_place_and_described():
     assert "while the part of mirrorkit" in by_name[clock[0]]["applies"]
     after = compat.active()
     assert not [name for name in after if name.startswith("input_clock.")], after
+
+
+def test_the_epoch_hook_a_shuffled_input_puts_in_place_is_listed_and_removed():
+    """fit_epoch is applied by mk.distribute, not enable: active() and describe() still show it."""
+    compat.disable()
+    assert "fit_epoch" not in compat.active()
+    strategy = mk.strategy(cpu_replicas=2)
+    x, y = np.ones((16, 4), "float32"), np.zeros((16, 2), "float32")
+    mk.distribute((x, y), strategy, global_batch_size=8, seed=0)  # shuffled
+    assert "fit_epoch" in compat.active()
+    (row,) = [row for row in compat.describe() if row["name"] == "fit_epoch"]
+    assert row["target"] == "keras.callbacks.CallbackList.on_epoch_begin"
+    assert row["applies"].startswith("from the first use")
+    compat.disable()
+    assert "fit_epoch" not in compat.active()
+    assert "mirrorkit" not in keras.callbacks.CallbackList.on_epoch_begin.__module__

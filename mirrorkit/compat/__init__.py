@@ -46,6 +46,7 @@ from mirrorkit.compat import (
     chief_logs,
     chief_saves,
     class_weight,
+    fit_epoch,
     fit_notices,
     gradient_accumulation,
     keras_hub_inputs,
@@ -83,6 +84,11 @@ REPAIRS: tuple[Repair, ...] = (
     backup_epoch.REPAIR,
     validation_split.REPAIR,
 )
+
+#: Repairs a part of mirrorkit applies when it is first used, and keeps for the process:
+#: ``fit_epoch`` (the epoch each ``fit`` begins, for `mk.distribute`'s shuffled order), put in
+#: place by the first shuffled `mk.distribute` input. `active` lists them, `disable` removes them.
+ON_DEMAND: tuple[Repair, ...] = (fit_epoch.REPAIR,)
 
 
 def enable(strategy: tf.distribute.Strategy | None = None) -> list[str]:
@@ -124,17 +130,20 @@ def disable() -> None:
     Repairs that replace the same internal wrap one another in `REPAIRS`'
     order, so they come off in the reverse order.
     """
-    for repair in reversed(REPAIRS):
+    for repair in reversed(REPAIRS + ON_DEMAND):
         repair.remove()
 
 
 def active() -> list[str]:
-    """Names of the patches in place: the repairs `enable` applied, then the scoped ones.
+    """Names of the patches in place: `enable`'s, then `ON_DEMAND`'s, then the scoped ones.
 
-    A scoped repair is in place while a part of mirrorkit needs it (``input_clock.*``
-    while a ``ThroughputCallback`` is installed); `describe` says why each is there.
+    An `ON_DEMAND` repair is put in place when a part of mirrorkit is first used
+    (``fit_epoch`` by a shuffled `mk.distribute` input) and stays. A scoped repair is in
+    place while a part of mirrorkit needs it (``input_clock.*`` while a
+    ``ThroughputCallback`` is installed); `describe` says why each is there.
     """
-    return [repair.name for repair in REPAIRS if repair.active] + [r.name for r in SCOPED]
+    applied = [repair.name for repair in REPAIRS + ON_DEMAND if repair.active]
+    return applied + [repair.name for repair in SCOPED]
 
 
 def describe() -> list[dict[str, str]]:
@@ -156,10 +165,11 @@ def describe() -> list[dict[str, str]]:
     ```
     """
     rows = []
-    for repair in [r for r in REPAIRS if r.active] + list(SCOPED):
-        scoped = repair in SCOPED
-        if scoped:
+    for repair in [r for r in REPAIRS + ON_DEMAND if r.active] + list(SCOPED):
+        if repair in SCOPED:
             applies = "while the part of mirrorkit that needs it runs"
+        elif repair in ON_DEMAND:
+            applies = "from the first use of the part of mirrorkit that needs it"
         elif repair.checks_keras:
             applies = f"Keras {keras.__version__} still has the bug (its canary read the code)"
         else:
@@ -178,7 +188,7 @@ def describe() -> list[dict[str, str]]:
 def prepare_model(model: keras.Model, strategy: tf.distribute.Strategy) -> None:
     """Builds the optimizer's state under `strategy`'s scope (keras#23085).
 
-    See ``docs/compat.md``, "Custom loops with a stateful optimizer".
+    See ``docs/compat.md``, "Optimizers built inside the step".
 
     Keras 3.15.1 and earlier fail in a custom ``tf.function`` training loop
     with a stateful optimizer (Adam) under a strategy, because the optimizer

@@ -1,10 +1,11 @@
-"""docs/errors.md is a test: every row's input still gets the error the row shows.
+"""docs/errors.md is a test: every row's input still gets the message the row shows.
 
 Each row of the table has an id; `CASES` maps the id to a function that gives
 that input. A case either raises (the row shows the exception's type) or, for
 the command line, returns ``("exit N", stderr)``; a notice (no error, but
-something said) returns ``("said", stderr)``. The row's message must be a
+something printed) returns ``("notice", stderr)``. The row's message must be a
 substring of what comes back, and every row has a case and every case a row.
+Every row also says what to do (its last column, "What to do", is not empty).
 Everything runs in this process (4 logical CPUs, so 2 replicas) or as a
 quick subprocess; nothing downloads.
 """
@@ -32,20 +33,35 @@ from mirrorkit.commands import launch
 from mirrorkit.compat.shared_monitor import agreed_value
 
 TABLE = pathlib.Path(__file__).resolve().parent.parent / "docs" / "errors.md"
+#: A table cell: anything but an unescaped ``|``.
+_CELL = r"(?:[^|\\]|\\.)*"
+#: A row: | `id` | input | `kind`: `message` | what to do |
 ROW = re.compile(
-    r"^\| `(?P<id>[a-z0-9-]+)` \|(?P<input>.*)\| `(?P<kind>[^`]+)`: (?P<message>.*) \|$"
+    rf"^\| `(?P<id>[a-z0-9-]+)` \|(?P<input>{_CELL})"
+    rf"\| `(?P<kind>[^`]+)`: (?P<message>{_CELL}?) \|(?P<what_to_do>{_CELL})\|$"
 )
+#: The header every table of the page has.
+HEADER = ["Id", "Input", "You see", "What to do"]
+
+
+def _matches() -> list[re.Match]:
+    """Every row of the page's tables, each matched by `ROW` (a row that does not match fails)."""
+    matches = []
+    for line in TABLE.read_text().splitlines():
+        if line.startswith("| `"):
+            match = ROW.match(line)
+            assert match, f"not | `id` | input | `kind`: `message` | what to do |: {line}"
+            matches.append(match)
+    return matches
 
 
 def _rows() -> dict[str, tuple[str, str]]:
     rows = {}
-    for line in TABLE.read_text().splitlines():
-        match = ROW.match(line)
-        if match:
-            assert match["id"] not in rows, f"row id {match['id']} appears twice"
-            message = match["message"].strip()
-            assert message.startswith("`") and message.endswith("`"), line
-            rows[match["id"]] = (match["kind"], message[1:-1].replace("\\|", "|"))
+    for match in _matches():
+        assert match["id"] not in rows, f"row id {match['id']} appears twice"
+        message = match["message"].strip()
+        assert message.startswith("`") and message.endswith("`"), match[0]
+        rows[match["id"]] = (match["kind"], message[1:-1].replace("\\|", "|"))
     return rows
 
 
@@ -73,7 +89,7 @@ def _tf_config(text: str) -> Callable[[], object]:
     return _env(TF_CONFIG=text)
 
 
-def _said(fn: Callable[[], object]) -> Callable[[], tuple[str, str]]:
+def _notice(fn: Callable[[], object]) -> Callable[[], tuple[str, str]]:
     def run():
         saved = set(notices._said)
         notices._said.clear()
@@ -84,7 +100,7 @@ def _said(fn: Callable[[], object]) -> Callable[[], tuple[str, str]]:
         finally:
             notices._said.clear()  # what the case said stays unsaid for later tests
             notices._said.update(saved)
-        return "said", err.getvalue()
+        return "notice", err.getvalue()
 
     return run
 
@@ -365,7 +381,7 @@ def _cases(tmp: pathlib.Path) -> dict[str, Callable[[], object]]:
             '{"cluster": {"ps": ["a:1"], "worker": ["b:1"]},'
             ' "task": {"type": "worker", "index": 0}}'
         ),
-        "sagemaker-no-tf-config": _said(_sagemaker_hosts_alone),
+        "sagemaker-no-tf-config": _notice(_sagemaker_hosts_alone),
         "slurm-tasks-per-node": _env(**{**slurm_step, "SLURM_STEP_TASKS_PER_NODE": "two"}),
         "slurm-nodelist": _env(**{**slurm_step, "SLURM_STEP_NODELIST": "n[1-"}),
         "slurm-localid": _env(**{**slurm_step, "SLURM_LOCALID": "first"}),
@@ -409,18 +425,18 @@ def _cases(tmp: pathlib.Path) -> dict[str, Callable[[], object]]:
         "data-mismatched-rows": _distribute(_xy(10, 9)),
         "data-empty": _distribute(_xy(0)),
         "data-padded-batch": _distribute(_padded()),
-        "data-already-batched": _said(_distribute(_batched(), global_batch_size=16)),
-        "data-batches-kept": _said(_distribute(_batched(), global_batch_size=None)),
+        "data-already-batched": _notice(_distribute(_batched(), global_batch_size=16)),
+        "data-batches-kept": _notice(_distribute(_batched(), global_batch_size=None)),
         "data-batch-indivisible": _distribute(_batched(9), global_batch_size=None),
-        "data-batches-uneven-last": _said(_distribute(_batched(8, 63), global_batch_size=None)),
-        "data-batches-uneven-kept": _said(
+        "data-batches-uneven-last": _notice(_distribute(_batched(8, 63), global_batch_size=None)),
+        "data-batches-uneven-kept": _notice(
             _distribute(_batched(8, 63), global_batch_size=None, drop_remainder=False)
         ),
         "data-class-weight-type": _distribute(_xy(), class_weight=[1.0, 2.0]),
         "data-class-weight-eval": _distribute(_xy(), for_eval=True, class_weight={0: 1.0}),
-        "data-unknown-length": _said(_distribute(_filtered_batches(), global_batch_size=None)),
-        "data-zip-of-batches": _said(_distribute(_zip_of_batches(), global_batch_size=16)),
-        "data-maybe-batched": _said(_distribute(_hidden_batches(), global_batch_size=16)),
+        "data-unknown-length": _notice(_distribute(_filtered_batches(), global_batch_size=None)),
+        "data-zip-of-batches": _notice(_distribute(_zip_of_batches(), global_batch_size=16)),
+        "data-maybe-batched": _notice(_distribute(_hidden_batches(), global_batch_size=16)),
         "data-ragged-lists": _distribute(([[1.0, 2.0], [3.0]], [0.0, 1.0])),
         "data-ragged-object-array": _distribute(
             np.array([np.ones(2), np.ones(3)], dtype=object), global_batch_size=2
@@ -502,6 +518,19 @@ def test_every_row_has_a_case_and_every_case_a_row(cases):
     assert len(rows) >= 40
     assert sorted(set(rows) - set(cases)) == [], "rows without a case"
     assert sorted(set(cases) - set(rows)) == [], "cases without a row"
+
+
+def test_every_row_says_what_to_do():
+    lines = TABLE.read_text().splitlines()
+    headers = [
+        [cell.strip() for cell in line.strip("|").split("|")]
+        for line, below in zip(lines, lines[1:], strict=False)
+        if line.startswith("|") and re.fullmatch(r"\|(?: ?:?-+:? ?\|)+", below.strip())
+    ]
+    assert headers, "no table"
+    assert all(header == HEADER for header in headers), headers
+    empty = [match["id"] for match in _matches() if not match["what_to_do"].strip()]
+    assert empty == [], "rows whose What to do cell is empty"
 
 
 @pytest.mark.parametrize("row_id", sorted(_rows()))

@@ -32,6 +32,61 @@ def test_verdict_lines():
     )
 
 
+def _verdict_kinds() -> set[str]:
+    """Every kind of verdict `verdict` can return: the words before the colon of its lines.
+
+    Read from the function's source, so a new ``return f"new-kind: ..."`` is found without
+    a case here; the report's own ``straggler:`` line is one more.
+    """
+    import inspect
+    import re
+
+    source = inspect.getsource(verdict)
+    kinds = set(re.findall(r'(?:^|[\s(])f?"([a-z][a-z -]*[a-z]): ', source, re.M))
+    return kinds | {"straggler"}
+
+
+def _documented_fixes(page: str) -> dict[str, str]:
+    """The verdict table of docs/throughput.md: {verdict: its "Fix to try" cell}."""
+    rows = [line.strip() for line in page.splitlines() if line.strip().startswith("|")]
+    cells = [[cell.strip() for cell in row.strip("|").split("|")] for row in rows]
+    fixes = {}
+    for i, header in enumerate(cells):
+        if header[:1] != ["Verdict"] or "Fix to try" not in header:
+            continue
+        fix = header.index("Fix to try")
+        for row in cells[i + 2 :]:  # after the header and its --- line
+            if len(row) != len(header):
+                break
+            fixes[row[0].strip("`")] = row[fix]
+    return fixes
+
+
+def test_every_verdict_the_code_gives_has_a_row_with_a_fix_on_the_throughput_page():
+    from mirrorkit.throughput import report
+
+    kinds = _verdict_kinds()
+    # The source reading finds what the function returns, and the report's list of verdicts
+    # that name a fix is among them.
+    reached = {
+        verdict(wait, compute, host_share=host, epoch_overhead_share=overhead).split(":")[0]
+        for wait in (None, 0.05, 0.5)
+        for compute in (None, 0.5, 0.9)
+        for host in (None, 0.5)
+        for overhead in (None, 0.5)
+        if verdict(wait, compute, host_share=host, epoch_overhead_share=overhead)
+    }
+    assert reached | {"straggler"} <= kinds, (reached, kinds)
+    assert set(report._ACTIONABLE) <= kinds, report._ACTIONABLE
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    with open(os.path.join(root, "docs", "throughput.md")) as f:
+        fixes = _documented_fixes(f.read())
+    missing = sorted(kind for kind in kinds if not fixes.get(kind, "").strip(" -"))
+    assert not missing, (
+        f"verdicts without a row and a fix in docs/throughput.md's verdict table: {missing}"
+    )
+
+
 def test_a_missing_per_worker_iterator_method_is_named_and_wraps_nothing(monkeypatch):
     from mirrorkit import internals
     from mirrorkit.throughput.input_clock import InputClock

@@ -127,6 +127,7 @@ def test_replica_sync_check_names_the_perturbed_variable():
     assert caught.value.replica == 1
     assert caught.value.difference == pytest.approx(0.25)
     assert repr(bias.path) in str(caught.value) and "off by 0.25" in str(caught.value)
+    assert "np.float64" not in str(caught.value)  # the checksums read as plain numbers
     assert len(check.costs_s) == 1
 
 

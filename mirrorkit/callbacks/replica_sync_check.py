@@ -132,9 +132,9 @@ class ReplicaSyncCheck(keras.callbacks.Callback):
         raise ReplicasDivergedError(
             f"ReplicaSyncCheck after step {self._steps}: variable {name!r} differs between "
             f"replicas: worker {replica // per_worker} replica {replica % per_worker} (global "
-            f"replica {replica}) has checksum sum={table[replica, column, 0]!r} "
-            f"(weighted {table[replica, column, 1]!r}), replica 0 has "
-            f"sum={table[0, column, 0]!r} (weighted {table[0, column, 1]!r}): "
+            f"replica {replica}) has checksum sum={float(table[replica, column, 0])!r} "
+            f"(weighted {float(table[replica, column, 1])!r}), replica 0 has "
+            f"sum={float(table[0, column, 0])!r} (weighted {float(table[0, column, 1])!r}): "
             f"off by {difference:.6g} (atol={self.atol}). Something wrote one replica's copy "
             "(a custom train_step assigning per replica, a worker restored from another "
             "checkpoint, or non-deterministic per-replica updates).",

@@ -4,53 +4,25 @@
     python notebooks/store_outputs.py 01_quickstart.ipynb   # one
 
 Each notebook runs in a real Jupyter kernel (nbclient, ``python3``) with this folder as its
-current folder, and is written back in place. TensorFlow's C++ start-up lines, which a machine
-without a GPU prints on stderr before any cell's own output ("Could not find cuda drivers",
-"failed call to cuInit", "All log messages before absl::InitializeLog()"), are left out of the
-stored outputs: they say nothing about the notebook and a GPU machine does not print them.
-Every other output is stored as it came, stderr included. Needs the ``dev`` extra.
+current folder, and is written back in place. TensorFlow's known C++ start-up lines, which a
+machine without a GPU prints on stderr before any cell's own output ("Could not find cuda
+drivers", "failed call to cuInit", "All log messages before absl::InitializeLog()"), are left
+out of the stored outputs, as `mirrorkit launch` leaves them out of what it streams
+(`mirrorkit.launcher.tf_noise`): they say nothing about the notebook. Every other output is
+stored as it came, stderr included. Needs the ``dev`` extra.
 """
 
 from __future__ import annotations
 
-import re
 import sys
 from pathlib import Path
 
 import nbformat
 from nbclient import NotebookClient
 
+from mirrorkit.launcher.tf_noise import without_startup_lines
+
 HERE = Path(__file__).resolve().parent
-
-#: A line of TensorFlow's C++ log (``I0000 00:00:17.. 123 file.cc:31] ...``) or absl's
-#: warning before its log is set up.
-TENSORFLOW_STARTUP = re.compile(
-    r"^(?:[IWEF]\d{4} \d\d:\d\d:[\d.]+\s+\d+ [\w./-]+:\d+\] .*"
-    r"|WARNING: All log messages before absl::InitializeLog\(\) is called are written to STDERR)$"
-)
-
-
-def without_tensorflow_startup(text: str) -> str:
-    """`text` without TensorFlow's C++ start-up lines (a line may hold one at its end).
-
-    Example:
-    ```python
-    line = "I0000 00:00:1.5   7 cudart_stub.cc:31] Could not find cuda drivers on your machine"
-    assert without_tensorflow_startup(f"{line}\\nmirrorkit: hello\\n") == "mirrorkit: hello\\n"
-    ```
-    """
-    kept = []
-    for line in text.splitlines(keepends=True):
-        # TensorFlow's C++ log can land mid-line in another stream's text.
-        start = re.search(r"[IWEF]\d{4} \d\d:\d\d:[\d.]+\s+\d+ [\w./-]+:\d+\] ", line)
-        if start and start.start() > 0:
-            head, tail = line[: start.start()], line[start.start() :]
-            if TENSORFLOW_STARTUP.match(tail.rstrip("\n")):
-                kept.append(head + "\n")
-                continue
-        if not TENSORFLOW_STARTUP.match(line.rstrip("\n")):
-            kept.append(line)
-    return "".join(kept)
 
 
 def store(path: Path) -> None:
@@ -63,7 +35,7 @@ def store(path: Path) -> None:
         outputs = []
         for output in cell.get("outputs", []):
             if output.get("output_type") == "stream" and output.get("name") == "stderr":
-                output["text"] = without_tensorflow_startup(output["text"])
+                output["text"] = without_startup_lines(output["text"])
                 if not output["text"]:
                     continue
             outputs.append(output)

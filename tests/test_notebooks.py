@@ -6,7 +6,6 @@ a PNG image, and no error.
 """
 
 import os
-import sys
 
 import nbformat
 import pytest
@@ -48,18 +47,22 @@ def test_stored_outputs_show_tables_and_plots(name):
 
 
 def test_storing_drops_only_tensorflow_s_startup_lines():
-    sys.path.insert(0, NOTEBOOKS)
-    try:
-        from store_outputs import without_tensorflow_startup
-    finally:
-        sys.path.remove(NOTEBOOKS)
+    from mirrorkit.launcher.tf_noise import without_startup_lines
+
     stderr = (
         "WARNING: All log messages before absl::InitializeLog() is called are written to STDERR\n"
-        "I0000 00:00:1796017053.395280   23163 cudart_stub.cc:31] Could not find cuda drivers\n"
-        "a cell's own lineE0000 00:00:1796017064.97   23163 cuda_platform.cc:52] failed call\n"
+        "I0000 00:00:1796017053.395280   23163 cudart_stub.cc:31] Could not find cuda drivers "
+        "on your machine, GPU will not be used.\n"
+        "a cell's own lineE0000 00:00:1796017064.973243   23163 cuda_platform.cc:52] failed call "
+        "to cuInit: INTERNAL: CUDA error: Failed call to cuInit: UNKNOWN ERROR (303)\n"
+        "E0000 00:00:1796017064.97   23163 some_file.cc:52] a real error\n"
         "Traceback: a real error\n"
     )
-    assert without_tensorflow_startup(stderr) == "a cell's own line\nTraceback: a real error\n"
+    assert without_startup_lines(stderr) == (
+        "a cell's own line\n"
+        "E0000 00:00:1796017064.97   23163 some_file.cc:52] a real error\n"
+        "Traceback: a real error\n"
+    )
 
 
 @pytest.mark.parametrize("name", NAMES)

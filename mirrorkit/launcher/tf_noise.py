@@ -101,6 +101,38 @@ def is_startup_line(line: str) -> bool:
     return _PATTERN.fullmatch(line.rstrip("\r")) is not None
 
 
+#: Where a start-up line may begin inside another line's text.
+_STARTS = re.compile(rf"{_HEADER}|WARNING: All log messages before absl")
+
+
+def without_startup_lines(text: str) -> str:
+    r"""`text` without TensorFlow's known start-up lines.
+
+    A start-up line written into the end of another line (two streams sharing one
+    terminal, as a notebook kernel's stderr does) is cut off and the line's own
+    text kept.
+
+    Example:
+    ```python
+    from mirrorkit.launcher.tf_noise import without_startup_lines
+
+    noise = "E0000 00:00:1.5   7 cuda_platform.cc:52] failed call to cuInit: UNKNOWN ERROR (303)"
+    assert without_startup_lines(f"{noise}\nEpoch 1/3{noise}\n") == "Epoch 1/3\n"
+    ```
+    """
+    kept = []
+    for line in text.splitlines(keepends=True):
+        body = line.rstrip("\n")
+        if is_startup_line(body):
+            continue
+        cut = next(
+            (m.start() for m in _STARTS.finditer(body, 1) if is_startup_line(body[m.start() :])),
+            None,
+        )
+        kept.append(line if cut is None else body[:cut] + "\n")
+    return "".join(kept)
+
+
 def keep_startup_lines() -> bool:
     """Whether this launch keeps the start-up lines (``MIRRORKIT_TF_STARTUP_LOGS=1``)."""
     value = os.environ.get(MIRRORKIT_TF_STARTUP_LOGS, "")

@@ -86,6 +86,33 @@ def test_a_failing_worker_stops_the_launch(tmp_path):
             os.kill(int(pid), 0)
 
 
+DEAF_PEER_SCRIPT = """
+import json, os, signal, sys, time
+index = json.loads(os.environ["TF_CONFIG"])["task"]["index"]
+if index == 1:
+    time.sleep(1)  # worker 0 is deaf by now
+    open(os.path.join(sys.argv[1], "failed_at"), "w").write(repr(time.time()))
+    sys.exit(1)
+signal.signal(signal.SIGTERM, signal.SIG_IGN)  # as TensorFlow's preemption notifier does
+time.sleep(60)
+"""
+
+
+def test_the_peers_of_a_failed_worker_are_killed_without_the_full_sigterm_grace(tmp_path):
+    # A peer of a failed worker waits in a collective that can no longer complete and ignores
+    # SIGTERM; within TensorFlow's 10 s heartbeat timeout it would raise an error of its own.
+    script = tmp_path / "deaf.py"
+    script.write_text(textwrap.dedent(DEAF_PEER_SCRIPT))
+    done = _launch("-n", "2", "--no-pin", str(script), str(tmp_path), timeout=120)
+    ended = time.time()
+    assert done.returncode != 0
+    assert "worker 1 failed with exit code 1" in done.stderr, done.stderr
+    from mirrorkit.launcher import processes
+
+    waited = ended - float((tmp_path / "failed_at").read_text())
+    assert waited < processes.TERMINATE_GRACE_S, waited
+
+
 def _replicas_and_rank():
     import mirrorkit as mk
 

@@ -33,6 +33,12 @@ TAIL_LINES = 60
 #: How long a worker has to exit after SIGTERM before it is killed.
 TERMINATE_GRACE_S = 5.0
 
+#: The same once another worker has failed. Its peers wait in a collective that can no longer
+#: complete, and TensorFlow's preemption notifier swallows their SIGTERM; left running, each
+#: raises an error of its own when the dead peer's heartbeats time out (10 s), which would
+#: bury the failing worker's traceback under theirs.
+PEER_FAILED_GRACE_S = 1.0
+
 
 class WorkerError(RuntimeError):
     """A worker process failed; carries its index, exit code and traceback.
@@ -318,7 +324,7 @@ def _supervise(
             for i, proc in enumerate(procs):
                 if proc.poll() not in (None, 0):
                     failed = i
-                    stop(procs)
+                    stop(procs, grace_s=PEER_FAILED_GRACE_S)
                     break
     selector.close()
     return failed, tails

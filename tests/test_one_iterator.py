@@ -88,6 +88,40 @@ def test_one_iterator_trains_as_an_iterator_per_epoch(without_one_iterator, init
     assert one["iterations"] == 6 * (3 - initial_epoch)  # 6 steps an epoch, 8 examples dropped
 
 
+@pytest.mark.parametrize("steps_per_execution", [3, 4])
+def test_steps_per_execution_never_reads_into_the_next_epoch(
+    monkeypatch, without_one_iterator, steps_per_execution
+):
+    """6 training steps an epoch and 3 of validation: whole executions of 3, not of 4."""
+    strategy = mk.strategy(cpu_replicas=2)
+
+    def fit():
+        keras.utils.set_random_seed(0)
+
+        def make():
+            model = _make_model()
+            model.compile(
+                optimizer="adam", loss="binary_crossentropy", metrics=["accuracy"],
+                steps_per_execution=steps_per_execution,
+            )  # fmt: skip
+            return model
+
+        model = mk.build(make, strategy)
+        train = mk.distribute((X, Y), strategy, global_batch_size=32, seed=7)
+        validation = mk.distribute((XV, YV), strategy, global_batch_size=32, for_eval=True)
+        history = model.fit(train, validation_data=validation, epochs=3, verbose=0)
+        return {
+            "history": history.history,
+            "weights": [w.numpy() for w in model.weights],
+            "iterations": int(model.optimizer.iterations.numpy()),
+        }
+
+    one = fit()
+    assert one["iterations"] == 18
+    without_one_iterator()
+    _assert_same(one, fit())
+
+
 def test_fit_makes_one_training_and_one_validation_iterator(monkeypatch):
     strategy = mk.strategy(cpu_replicas=2)
     probe = mk.distribute((X, Y), strategy, global_batch_size=32, seed=7)
@@ -186,3 +220,112 @@ def test_a_pipeline_that_reshuffles_itself_keeps_an_iterator_per_epoch():
     assert repeating.epoch_length(streamed) is None  # a streamed shuffle's orders, likewise
     unshuffled = tf.data.Dataset.from_tensor_slices((X, Y)).batch(32)
     assert repeating.epoch_length(mk.distribute(unshuffled, strategy)) == 7  # kept, not dropped
+
+
+def _evaluate_and_predict(strategy, data, calls=3, steps_per_execution=1, callbacks=()):
+    keras.utils.set_random_seed(0)
+
+    def make():
+        model = _make_model()
+        model.compile(
+            optimizer="adam", loss="binary_crossentropy", metrics=["accuracy"],
+            steps_per_execution=steps_per_execution,
+        )  # fmt: skip
+        return model
+
+    model = mk.build(make, strategy)
+    evaluated = [model.evaluate(data, verbose=0, callbacks=list(callbacks)) for _ in range(calls)]
+    predicted = [model.predict(data, verbose=0) for _ in range(calls)]
+    return evaluated, predicted
+
+
+# 3 batches an epoch: whole executions of 1 or 3 steps, not of 2 (whose last would read on).
+@pytest.mark.parametrize("steps_per_execution, iterators", [(1, 1), (3, 1), (2, 6)])
+def test_evaluate_and_predict_keep_one_iterator_across_calls(
+    monkeypatch, without_one_iterator, steps_per_execution, iterators
+):
+    strategy = mk.strategy(cpu_replicas=2)
+    data = mk.distribute((XV, YV), strategy, global_batch_size=32, for_eval=True)
+    made = _iterators_made(monkeypatch, data)  # the twin's type too
+    one = _evaluate_and_predict(strategy, data, steps_per_execution=steps_per_execution)
+    assert len(made) >= iterators and (iterators == 6 or len(made) == 1)  # 3 evaluate, 3 predict
+    kept = len(made)
+    without_one_iterator()
+    per_call = _evaluate_and_predict(strategy, data, steps_per_execution=steps_per_execution)
+    assert len(made) >= kept + 6  # at least one a call (Keras 3.15 makes two)
+    np.testing.assert_allclose(one[0], per_call[0], atol=1e-6)
+    assert one[0][0] == one[0][2]  # every call the whole epoch, from its first batch
+    for a, b in zip(one[1], per_call[1], strict=True):
+        assert a.shape == (72, 1)  # the last batch of 8 too, in order
+        np.testing.assert_array_equal(a, b)
+
+
+class _StopAt(keras.callbacks.Callback):
+    def __init__(self, batch, error=False):
+        super().__init__()
+        self.batch, self.error = batch, error
+
+    def on_test_batch_end(self, batch, logs=None):
+        if batch == self.batch:
+            if self.error:
+                raise RuntimeError("stopped part-way")
+            self.model.stop_evaluating = True
+
+
+@pytest.mark.parametrize("error", [False, True], ids=["stop_evaluating", "an-error"])
+def test_a_call_stopped_part_way_gives_its_iterator_up(monkeypatch, error):
+    strategy = mk.strategy(cpu_replicas=2)
+    data = mk.distribute((XV, YV), strategy, global_batch_size=32, for_eval=True)
+    made = _iterators_made(monkeypatch, data)
+    model = mk.build(_make_model, strategy)
+    whole = model.evaluate(data, verbose=0)
+    try:
+        model.evaluate(data, verbose=0, callbacks=[_StopAt(0, error)])  # one batch of three
+    except RuntimeError:
+        assert error
+    assert model.evaluate(data, verbose=0) == whole  # from the epoch's first batch again
+    assert len(made) == 2  # the part-way one was not kept
+    assert model.evaluate(data, verbose=0) == whole and len(made) == 2
+
+
+@pytest.fixture
+def keras_reads_a_batch_to_build():
+    """Keras's own symbolic build, which reads the first batch, then starts the epoch again."""
+    from mirrorkit.compat import symbolic_build
+
+    yield symbolic_build.REPAIR.remove  # called once the strategy is made (which applies it)
+    symbolic_build.REPAIR.apply()
+
+
+def test_an_unbuilt_model_reading_a_batch_to_build_itself_misses_nothing(
+    monkeypatch, keras_reads_a_batch_to_build
+):
+    strategy = mk.strategy(cpu_replicas=2)
+    keras_reads_a_batch_to_build()
+    data = mk.distribute((XV, YV), strategy, global_batch_size=32, for_eval=True)
+    made = _iterators_made(monkeypatch, data)
+    with strategy.scope():
+        model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(8), keras.layers.Dense(1)])
+        model.compile(optimizer="adam", loss="binary_crossentropy", metrics=["accuracy"])
+    first = model.evaluate(data, verbose=0)  # builds from a batch, then reads the epoch
+    assert len(made) == 2  # the one read to build is not kept
+    assert model.evaluate(data, verbose=0) == first
+    assert model.evaluate(XV, YV, batch_size=32, verbose=0) == pytest.approx(first, abs=1e-6)
+
+
+def test_a_shuffled_dataset_and_given_steps_keep_an_iterator_per_call(monkeypatch):
+    strategy = mk.strategy(cpu_replicas=2)
+    model = mk.build(_make_model, strategy)
+    shuffled = mk.distribute(
+        (XV[:64], YV[:64]), strategy, global_batch_size=32, seed=3, shuffle=True
+    )
+    made = _iterators_made(monkeypatch, shuffled)
+    predicted = [model.predict(shuffled, verbose=0) for _ in range(2)]
+    # each call an iterator and the next epoch's order, as without the hook
+    np.testing.assert_array_equal(np.sort(predicted[0], 0), np.sort(predicted[1], 0))
+    assert len(made) >= 2
+    before = len(made)
+    plain = mk.distribute((XV, YV), strategy, global_batch_size=32, for_eval=True)
+    for _ in range(2):
+        model.evaluate(plain, steps=2, verbose=0)  # the caller's steps
+    assert len(made) >= before + 2

@@ -19,10 +19,23 @@ The validation data gets one iterator too: Keras's ``evaluate`` resets its
 epoch iterator before every pass (``EpochIterator.reset``), which drops the
 iterator; over a repeating twin that has read whole epochs the replacement
 of ``reset`` keeps it (the next element is the next epoch's first).
+
+``evaluate`` and ``predict`` called on their own keep one iterator across calls
+on the same dataset, where every epoch of it is the same (no shuffle): each call
+reads the twin for one epoch through the iterator the last call left at an
+epoch boundary (``TFEpochIterator._get_iterator`` lends it). A call that did not
+read its whole epoch (an error, a callback that stopped it, Keras reading one
+batch to build the model) gives its iterator up, and the next call makes a new
+one. A shuffled dataset keeps an iterator per call, as before (each call reads
+the next epoch's order). Nor is the twin read where an epoch is not whole
+executions of ``steps_per_execution``: Keras's last call of the epoch would read
+on into the next one.
 """
 
 from __future__ import annotations
 
+import contextvars
+import dataclasses
 import inspect
 from typing import Any
 
@@ -45,8 +58,21 @@ def _one_iterator(bound: inspect.BoundArguments, data: str, steps: str) -> None:
         _say_if_distributed_elsewhere(arguments.get(data), data)
     if length is None or arguments.get(steps) is not None:
         return
+    if not _whole_executions(arguments["self"], length):
+        return
     arguments[data] = repeating.twin(arguments[data])
     arguments[steps] = length
+
+
+def _whole_executions(model: Any, length: int) -> bool:
+    """Whether an epoch of `length` steps is whole executions of ``model.steps_per_execution``.
+
+    Keras runs ``steps_per_execution`` steps in each call of its compiled function
+    whatever ``steps_per_epoch`` says: over the endless twin the last call of an
+    epoch would read the next epoch's first batches, so such an epoch keeps
+    Keras's iterator per epoch (which ends that call at the end of the data).
+    """
+    return length % max(1, int(getattr(model, "steps_per_execution", 1) or 1)) == 0
 
 
 def _say_if_distributed_elsewhere(dataset: Any, argument: str) -> None:
@@ -110,6 +136,77 @@ def _reset_replacement(original):
     return reset
 
 
+@dataclasses.dataclass
+class _Loan:
+    """One ``evaluate`` / ``predict`` call's use of a twin's kept iterator."""
+
+    twin: Any
+    iterator: Any = None  # what the last _get_iterator handed out; None: nothing yet
+    kept_given: bool = False  # whether the kept iterator went out (once per call at most)
+
+
+_loan: contextvars.ContextVar[_Loan | None] = contextvars.ContextVar("mirrorkit_loan", default=None)
+
+
+def _across_calls_replacement(original, stopped: str):
+    """``evaluate`` / ``predict``: one epoch of the twin through the kept iterator.
+
+    Args:
+        original: Keras's method.
+        stopped: the model attribute a callback sets to stop the call early.
+    """
+    signature = inspect.signature(original)
+
+    def call(self, *args, **kwargs):
+        if kwargs.get("_use_cached_eval_dataset"):  # fit's validation: one_iterator_validation
+            return original(self, *args, **kwargs)
+        bound = signature.bind(self, *args, **kwargs)
+        arguments = bound.arguments
+        data = arguments.get("x")
+        length = repeating.epoch_length(data)
+        if length is None or arguments.get("steps") is not None:
+            return original(*bound.args, **bound.kwargs)
+        if not repeating.same_every_epoch(data) or not _whole_executions(self, length):
+            return original(*bound.args, **bound.kwargs)
+        twin = repeating.twin(data)
+        arguments["x"] = twin
+        arguments["steps"] = length
+        loan = _Loan(twin)
+        token = _loan.set(loan)
+        whole_epoch = False
+        try:
+            result = original(*bound.args, **bound.kwargs)
+            whole_epoch = not getattr(self, stopped, False)
+            return result
+        finally:
+            _loan.reset(token)
+            # Kept only at an epoch boundary: the next call reads the next (the same) epoch.
+            twin.kept_iterator = loan.iterator if whole_epoch else None
+
+    call.__wrapped__ = original
+    call.__doc__ = original.__doc__
+    return call
+
+
+def _get_iterator_replacement(original):
+    def _get_iterator(self):
+        dataset = original(self)
+        loan = _loan.get()
+        if loan is None or dataset is not loan.twin:
+            return dataset
+        kept = getattr(dataset, "kept_iterator", None)
+        if kept is not None and not loan.kept_given:
+            dataset.kept_iterator = None  # lent: a nested call on the same data makes its own
+            loan.iterator = kept
+        else:  # a second request in one call: the iterator handed out may be part-way
+            loan.iterator = iter(dataset)
+        loan.kept_given = True
+        return loan.iterator
+
+    _get_iterator.__wrapped__ = original
+    return _get_iterator
+
+
 _UPSTREAM = "Keras's EpochIterator (one iterator only with steps_per_epoch)"
 
 REPAIRS = (
@@ -127,6 +224,30 @@ REPAIRS = (
         module="keras.src.trainers.epoch_iterator",
         target="EpochIterator.reset",
         replacement=_reset_replacement,
+        applies_to=lambda strategy: True,
+    ),
+    Repair(
+        name="one_iterator_evaluate",
+        upstream=_UPSTREAM,
+        module=_TRAINER,
+        target="TensorFlowTrainer.evaluate",
+        replacement=lambda original: _across_calls_replacement(original, "stop_evaluating"),
+        applies_to=lambda strategy: True,
+    ),
+    Repair(
+        name="one_iterator_predict",
+        upstream=_UPSTREAM,
+        module=_TRAINER,
+        target="TensorFlowTrainer.predict",
+        replacement=lambda original: _across_calls_replacement(original, "stop_predicting"),
+        applies_to=lambda strategy: True,
+    ),
+    Repair(
+        name="one_iterator_lend",
+        upstream=_UPSTREAM,
+        module=_TRAINER,
+        target="TFEpochIterator._get_iterator",
+        replacement=_get_iterator_replacement,
         applies_to=lambda strategy: True,
     ),
 )

@@ -72,6 +72,17 @@ def is_twin(data: Any) -> bool:
     return getattr(data, "is_repeating_twin", False)  # mirrorkit's own attribute
 
 
+def same_every_epoch(data: Any) -> bool:
+    """Whether every epoch of `data` (an `mk.distribute` dataset) gives the same batches in order.
+
+    True when it is not shuffled: ``evaluate`` and ``predict`` may then read one
+    iterator across calls, each call the next epoch.
+    """
+    return (
+        getattr(data, "epoch_order", None) is None and getattr(data, "shuffle_stream", None) is None
+    )  # set by mk.distribute for an in-memory or streamed shuffle
+
+
 def twin(data: tf.distribute.DistributedDataset) -> tf.distribute.DistributedDataset:
     """`data`'s repeating twin (made once), for ``fit`` with ``steps_per_epoch=epoch_length``."""
     return data.repeating_twin.get()
@@ -95,4 +106,5 @@ class _Twin:
         made.with_class_weight = self._build
         made.repeating_twin = None  # a twin has no twin
         made.is_repeating_twin = True
+        made.kept_iterator = None  # evaluate/predict's iterator at an epoch boundary (one_iterator)
         return made

@@ -100,6 +100,27 @@ def test_repairs_are_said_in_one_line_once(monkeypatch, capfd):
     ]
 
 
+def test_the_docs_quote_the_repairs_two_replicas_get():
+    """Getting started and the Keras repairs page quote mk.strategy(cpu_replicas=2)'s line."""
+    import pathlib
+    import re
+
+    compat.disable()
+    mk.strategy(cpu_replicas=2)
+    count = len([name for name in compat.active() if name != "keras_hub_inputs"])  # not imported
+    docs = pathlib.Path(__file__).resolve().parent.parent / "docs"
+    quoted = {}
+    for page in ("index.md", "compat.md"):
+        found = re.findall(
+            r"mirrorkit: (\d+) Keras repairs active \(keras ([\w.]+)\)", (docs / page).read_text()
+        )
+        assert found, page
+        quoted[page] = found[0]
+    if any(version != keras.__version__ for _, version in quoted.values()):
+        pytest.skip(f"the docs quote another Keras: {quoted}")
+    assert {page: int(n) for page, (n, _) in quoted.items()} == dict.fromkeys(quoted, count)
+
+
 def test_strategy_applies_what_it_needs():
     compat.disable()
     mk.strategy("one_device")

@@ -22,9 +22,12 @@ Y = (X[:, :1] > 0).astype("float32")
 XV, YV = X[:72], Y[:72]  # 2 batches of 32 and a last one of 8, kept for evaluation
 
 
-def _make_model():
+def _make_model(steps_per_execution=1):
     model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(8), keras.layers.Dense(1)])
-    model.compile(optimizer="adam", loss="binary_crossentropy", metrics=["accuracy"])
+    model.compile(
+        optimizer="adam", loss="binary_crossentropy", metrics=["accuracy"],
+        steps_per_execution=steps_per_execution,
+    )  # fmt: skip
     return model
 
 
@@ -98,15 +101,7 @@ def test_steps_per_execution_never_reads_into_the_next_epoch(
     def fit():
         keras.utils.set_random_seed(0)
 
-        def make():
-            model = _make_model()
-            model.compile(
-                optimizer="adam", loss="binary_crossentropy", metrics=["accuracy"],
-                steps_per_execution=steps_per_execution,
-            )  # fmt: skip
-            return model
-
-        model = mk.build(make, strategy)
+        model = mk.build(lambda: _make_model(steps_per_execution), strategy)
         train = mk.distribute((X, Y), strategy, global_batch_size=32, seed=7)
         validation = mk.distribute((XV, YV), strategy, global_batch_size=32, for_eval=True)
         history = model.fit(train, validation_data=validation, epochs=3, verbose=0)
@@ -225,15 +220,7 @@ def test_a_pipeline_that_reshuffles_itself_keeps_an_iterator_per_epoch():
 def _evaluate_and_predict(strategy, data, calls=3, steps_per_execution=1, callbacks=()):
     keras.utils.set_random_seed(0)
 
-    def make():
-        model = _make_model()
-        model.compile(
-            optimizer="adam", loss="binary_crossentropy", metrics=["accuracy"],
-            steps_per_execution=steps_per_execution,
-        )  # fmt: skip
-        return model
-
-    model = mk.build(make, strategy)
+    model = mk.build(lambda: _make_model(steps_per_execution), strategy)
     evaluated = [model.evaluate(data, verbose=0, callbacks=list(callbacks)) for _ in range(calls)]
     predicted = [model.predict(data, verbose=0) for _ in range(calls)]
     return evaluated, predicted

@@ -88,17 +88,32 @@ def _evaluate_and_predict(strategy=None):
     data = tf.data.Dataset.from_tensor_slices((x, y)).batch(GLOBAL_BATCH)
     evaluated = model.evaluate(data, verbose=0, return_dict=True)
     predicted = model.predict(tf.data.Dataset.from_tensor_slices(x).batch(GLOBAL_BATCH), verbose=0)
-    return evaluated, predicted
+    if strategy is None:
+        return evaluated, predicted
+    # The same through mk.distribute, twice each: one iterator kept across the calls.
+    from mirrorkit.pipeline import repeating
+
+    strategy = model.distribute_strategy
+    kept = mk.distribute((x, y), strategy, global_batch_size=GLOBAL_BATCH, for_eval=True)
+    inputs = mk.distribute(x, strategy, global_batch_size=GLOBAL_BATCH, for_eval=True)
+    again = [model.evaluate(kept, verbose=0, return_dict=True) for _ in range(2)]
+    again += [model.predict(inputs, verbose=0) for _ in range(2)]
+    twins = (repeating.twin(kept), repeating.twin(inputs))
+    return evaluated, predicted, again, [twin.kept_iterator is not None for twin in twins]
 
 
 def test_evaluate_and_predict_match_one_process(one_process, healthy_job):
     want_eval, want_pred = one_process["evaluate"]
-    for got_eval, got_pred in (scenarios["evaluate"] for scenarios in healthy_job):
-        assert got_eval.keys() == want_eval.keys()
-        for key in want_eval:
-            assert got_eval[key] == pytest.approx(want_eval[key], abs=1e-6)
-        assert got_pred.shape == want_pred.shape  # every example once...
-        np.testing.assert_allclose(got_pred, want_pred, rtol=0, atol=1e-6)  # ...in order
+    for got_eval, got_pred, again, kept in (scenarios["evaluate"] for scenarios in healthy_job):
+        # twice more each through mk.distribute, over one kept iterator: the same again
+        assert kept == [True, True]
+        for evaluated in [got_eval, *again[:2]]:
+            assert evaluated.keys() == want_eval.keys()
+            for key in want_eval:
+                assert evaluated[key] == pytest.approx(want_eval[key], abs=1e-6)
+        for predicted in [got_pred, *again[2:]]:
+            assert predicted.shape == want_pred.shape  # every example once...
+            np.testing.assert_allclose(predicted, want_pred, rtol=0, atol=1e-6)  # ...in order
 
 
 def _dict_and_pydataset_inputs(strategy):

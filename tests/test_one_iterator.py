@@ -91,6 +91,7 @@ def test_one_iterator_trains_as_an_iterator_per_epoch(without_one_iterator, init
     assert one["iterations"] == 6 * (3 - initial_epoch)  # 6 steps an epoch, 8 examples dropped
 
 
+@pytest.mark.slow  # two fits each way; the quick set keeps its evaluate counterpart
 @pytest.mark.parametrize("steps_per_execution", [3, 4])
 def test_steps_per_execution_never_reads_into_the_next_epoch(
     monkeypatch, without_one_iterator, steps_per_execution

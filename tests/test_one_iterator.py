@@ -228,7 +228,14 @@ def _evaluate_and_predict(strategy, data, calls=3, steps_per_execution=1, callba
 
 
 # 3 batches an epoch: whole executions of 1 or 3 steps, not of 2 (whose last would read on).
-@pytest.mark.parametrize("steps_per_execution, iterators", [(1, 1), (3, 1), (2, 6)])
+@pytest.mark.parametrize(
+    "steps_per_execution, iterators",
+    [
+        (1, 1),
+        pytest.param(3, 1, marks=pytest.mark.slow),  # the quick set keeps the first case
+        pytest.param(2, 6, marks=pytest.mark.slow),
+    ],
+)
 def test_evaluate_and_predict_keep_one_iterator_across_calls(
     monkeypatch, without_one_iterator, steps_per_execution, iterators
 ):

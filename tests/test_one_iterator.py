@@ -324,3 +324,22 @@ def test_a_shuffled_dataset_and_given_steps_keep_an_iterator_per_call(monkeypatc
     for _ in range(2):
         model.evaluate(plain, steps=2, verbose=0)  # the caller's steps
     assert len(made) >= before + 2
+
+
+def test_a_kept_iterator_goes_with_its_dataset_without_a_garbage_collection():
+    import gc
+    import weakref
+
+    strategy = mk.strategy(cpu_replicas=2)
+    model = mk.build(_make_model, strategy)
+    data = mk.distribute((XV, YV), strategy, global_batch_size=32, for_eval=True)
+    model.evaluate(data, verbose=0)
+    model.predict(data, verbose=0)
+    gc.collect()
+    gc.disable()
+    try:
+        kept = weakref.ref(repeating.twin(data).kept_iterator)
+        del data  # the twin is in no reference cycle: its iterator is freed here, not later
+        assert kept() is None
+    finally:
+        gc.enable()

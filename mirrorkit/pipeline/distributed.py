@@ -149,12 +149,14 @@ def distribute(
     def with_class_weight(weights: dict[int, float]) -> tf.distribute.DistributedDataset:
         return distribute(**{**arguments, "seed": seed, "class_weight": weights})
 
+    order = getattr(made, "epoch_order", None)  # not `made`: no reference cycle via the twin
+
     def twin(class_weight: dict[int, float] | None) -> tf.distribute.DistributedDataset:
         again = {**arguments, "seed": seed}
         if class_weight is not None:
             again["class_weight"] = class_weight
         # The same epoch order (seed and epoch): what restores or sets one sets the other.
-        return _distribute(**again, repeat=True, order=made.epoch_order)[0]
+        return _distribute(**again, repeat=True, order=order)[0]
 
     made.with_class_weight = with_class_weight
     repeating.attach(made, twin, data)

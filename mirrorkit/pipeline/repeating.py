@@ -24,6 +24,7 @@ without mirrorkit is never changed.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -97,14 +98,17 @@ class _Twin:
 
     def get(self) -> tf.distribute.DistributedDataset:
         if self._made is None:
-            self._made = self._build(None)
+            self._made = _build(self._make, None)
         return self._made
 
-    def _build(self, class_weight: Any) -> tf.distribute.DistributedDataset:
-        made = self._make(class_weight)
-        # fit(class_weight=) on the twin: class weights in its pipeline, repeating too.
-        made.with_class_weight = self._build
-        made.repeating_twin = None  # a twin has no twin
-        made.is_repeating_twin = True
-        made.kept_iterator = None  # evaluate/predict's iterator at an epoch boundary (one_iterator)
-        return made
+
+def _build(make: Maker, class_weight: Any) -> tf.distribute.DistributedDataset:
+    made = make(class_weight)
+    # fit(class_weight=) on the twin: class weights in its pipeline, repeating too. The maker,
+    # not the _Twin that holds this twin: no reference cycle, so the twin (and the iterator
+    # evaluate and predict keep on it) goes as soon as its dataset does.
+    made.with_class_weight = functools.partial(_build, make)
+    made.repeating_twin = None  # a twin has no twin
+    made.is_repeating_twin = True
+    made.kept_iterator = None  # evaluate/predict's iterator at an epoch boundary (one_iterator)
+    return made

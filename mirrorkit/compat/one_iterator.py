@@ -142,7 +142,6 @@ class _Loan:
 
     twin: Any
     iterator: Any = None  # what the last _get_iterator handed out; None: nothing yet
-    kept_given: bool = False  # whether the kept iterator went out (once per call at most)
 
 
 _loan: contextvars.ContextVar[_Loan | None] = contextvars.ContextVar("mirrorkit_loan", default=None)
@@ -195,12 +194,11 @@ def _get_iterator_replacement(original):
         if loan is None or dataset is not loan.twin:
             return dataset
         kept = getattr(dataset, "kept_iterator", None)
-        if kept is not None and not loan.kept_given:
+        if kept is not None and loan.iterator is None:  # the kept one, once per call at most
             dataset.kept_iterator = None  # lent: a nested call on the same data makes its own
             loan.iterator = kept
-        else:  # a second request in one call: the iterator handed out may be part-way
+        else:  # none kept, or a second request in one call (the first may be part-way)
             loan.iterator = iter(dataset)
-        loan.kept_given = True
         return loan.iterator
 
     _get_iterator.__wrapped__ = original

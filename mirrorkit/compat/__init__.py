@@ -16,6 +16,7 @@ pairs it was tested on and the test that reproduces it.
 | ``one_device_*``, ``averaged_gradients`` | keras#19891 | a custom ``train_step`` that reduces its loss by hand trains at N times one device's gradient; Keras's losses log 1/N |
 | ``optimizer_variables`` | keras#23085 (fixed by #23087) | optimizers other than ``model.optimizer`` (``d_optimizer``, ``g_optimizer``), ``MultiOptimizer``, custom loops: "You must feed a value for placeholder tensor" |
 | ``gradient_accumulation`` | none found (``docs/compat.md``) | optimizer ``gradient_accumulation_steps`` with several replicas |
+| ``agreed_loss_scale`` | none found (``docs/compat.md``) | ``mixed_float16``: an overflow on a replica other than the first is applied (NaN weights); across workers, a hang |
 | ``chief_backup_*``, ``chief_checkpoint_save`` | none found (``docs/compat.md``) | ``BackupAndRestore``/``ModelCheckpoint`` written by every worker |
 | ``chief_tensorboard*``, ``chief_csv_*``, ``chief_progbar`` | tensorboard#1011 | one TensorBoard run, CSV and progress bar per worker |
 | ``agreed_stop_*`` | HybridBackend#88 | ``model.stop_training`` set on one worker only: the others hang |
@@ -40,6 +41,7 @@ import tensorflow as tf
 from mirrorkit import versions
 from mirrorkit.cluster import chief
 from mirrorkit.compat import (
+    agreed_loss_scale,
     agreed_stop,
     backup_epoch,
     chief_files,
@@ -70,6 +72,7 @@ REPAIRS: tuple[Repair, ...] = (
     *one_device_loss.REPAIRS,
     optimizer_variables.REPAIR,
     gradient_accumulation.REPAIR,
+    agreed_loss_scale.REPAIR,
     *chief_files.REPAIRS,
     *chief_logs.REPAIRS,
     *agreed_stop.REPAIRS,

@@ -15,7 +15,7 @@ from keras import layers, ops
 
 import mirrorkit as mk
 from mirrorkit import compat
-from mirrorkit.compat import one_device_loss
+from mirrorkit.compat import one_device_gradient, one_device_loss
 
 RNG = np.random.default_rng(0)
 X = RNG.random((64, 4, 4, 1)).astype("float32")
@@ -273,7 +273,9 @@ def test_tf_nn_compute_average_loss_in_a_step_trains_as_one_device():
     assert_as_one_device(lambda: make_hand_reduced(AverageLoss), (X, X))
 
 
-ONE_DEVICE_LOSS = [repair.name for repair in one_device_loss.REPAIRS]
+ONE_DEVICE_LOSS = [
+    repair.name for repair in one_device_loss.REPAIRS + one_device_gradient.REPAIRS
+]
 
 
 @pytest.mark.upstream

@@ -18,11 +18,10 @@ replicas' mean is the global sum one device computes) and a replica's loss
 of no examples is 0, ``tf.nn``'s
 ``compute_average_loss`` and ``scale_regularization_loss`` return one
 device's value, and the optimizer divides each replica's gradients by N
-before its summing all-reduce (after clipping, which so acts on each
-replica's own gradient, as near to one device's as clipping before the
-all-reduce can be). Every loss a step computes is then one device's loss on
-its part of the batch and every gradient is one device's; custom loops
-outside ``fit`` keep TensorFlow's contract. Where the split is uneven
+before its summing all-reduce (`mirrorkit.compat.one_device_gradient`).
+Every loss a step computes is then one device's loss on its part of the
+batch and every gradient is one device's; custom loops outside ``fit`` keep
+TensorFlow's contract. Where the split is uneven
 ``mk.distribute`` drops the remainder, as averaging equal shares needs.
 """
 
@@ -35,7 +34,6 @@ from mirrorkit.training import fit_step
 
 _TRAINER = "keras.src.backend.tensorflow.trainer"
 _LOSSES = "keras.src.losses.loss"
-_OPTIMIZER = "keras.src.backend.tensorflow.optimizer"
 _UPSTREAM = "keras-team/keras#19891 (loss scaling under tf.distribute)"
 
 
@@ -105,27 +103,6 @@ def _regularization_as_one_device(original):
     return scale_regularization_loss
 
 
-def divided(gradient, replicas: int):
-    """`gradient` (a tensor, `tf.IndexedSlices` or None) divided by `replicas`."""
-    if gradient is None:
-        return None
-    if isinstance(gradient, tf.IndexedSlices):
-        values = gradient.values / tf.cast(replicas, gradient.values.dtype)
-        return tf.IndexedSlices(values, gradient.indices, gradient.dense_shape)
-    return gradient / tf.cast(replicas, gradient.dtype)
-
-
-def _averaged_gradients(original):
-    def _backend_update_step(self, grads, trainable_variables, learning_rate):
-        replicas = fit_step.averaging_replicas()
-        if replicas > 1:
-            grads = [divided(g, replicas) for g in grads]
-        return original(self, grads, trainable_variables, learning_rate)
-
-    _backend_update_step.__wrapped__ = original
-    return _backend_update_step
-
-
 def _repair(name: str, module: str, target: str, replacement) -> Repair:
     return Repair(
         name=name,
@@ -156,7 +133,4 @@ REPAIRS = (
         "nn.scale_regularization_loss",
         _regularization_as_one_device,
     ),  # fmt: skip
-    _repair(
-        "averaged_gradients", _OPTIMIZER, "TFOptimizer._backend_update_step", _averaged_gradients
-    ),
 )

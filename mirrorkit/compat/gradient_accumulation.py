@@ -21,8 +21,9 @@ a sum elsewhere, as Keras's own all-reduce), applies weight
 decay and the optimizer's update step, and clears the accumulators. So each
 replica trains on K micro-batches and the replicas communicate once per
 optimizer step; the result equals one step on the K-times larger global
-batch. Gradient clipping acts on each replica's K-step average before the
-all-reduce, as Keras's own step clips before its all-reduce. Elsewhere (one
+batch. Gradient clipping acts on the all-reduced K-step average, as one
+device clips the gradient of the K-times larger batch
+(`mirrorkit.compat.one_device_gradient`). Elsewhere (one
 replica, no accumulation, or a cross-replica caller) Keras's own method runs
 unchanged. Verified on Keras 3.15.1 (TensorFlow 2.21).
 """
@@ -33,6 +34,7 @@ import keras
 import tensorflow as tf
 
 from mirrorkit import internals
+from mirrorkit.compat import one_device_gradient
 from mirrorkit.compat._repair import Repair, spans_replicas
 from mirrorkit.training import fit_step
 
@@ -53,7 +55,6 @@ def _tf_variable(variable):
 _INTERNALS = (
     "_accumulated_gradients",
     "_get_variable_index",
-    "_clip_gradients",
     "_iterations",
     "_distributed_tf_update_step",
     "_use_weight_decay",
@@ -92,7 +93,7 @@ def _replacement(original):
             tf.convert_to_tensor(g) + tf.cast(_tf_variable(a), g.dtype)
             for g, a in zip(grads, accumulators, strict=True)
         ]
-        averages = self._clip_gradients([s / steps for s in sums])
+        averages = [s / steps for s in sums]
         variables = [_tf_variable(v) for v in trainable_variables]
         slots = [_tf_variable(a) for a in accumulators]
 
@@ -106,6 +107,11 @@ def _replacement(original):
                 reduced = distribution.extended.batch_reduce_to(
                     op, list(zip(averages, variables, strict=True))
                 )
+                if one_device_gradient.clips(self):
+                    # As one device clips: the K-step average of the global batch.
+                    reduced = one_device_gradient.clip_summed(
+                        self, [tf.convert_to_tensor(g) for g in reduced]
+                    )
                 _cross_replica_weight_decay(self, distribution, variables)
                 self._distributed_tf_update_step(
                     distribution, list(zip(reduced, variables, strict=True)), self.learning_rate

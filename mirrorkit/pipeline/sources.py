@@ -32,7 +32,7 @@ class Source:
 
 def is_array_data(data: Any) -> bool:
     """Whether `data` is NumPy/tensor arrays: x, a dict of them, or an (x, y[, w]) tuple."""
-    if isinstance(data, (np.ndarray, tf.Tensor, tf.RaggedTensor)):
+    if isinstance(data, (np.ndarray, tf.Tensor, tf.RaggedTensor, tf.SparseTensor)):
         return True
     if isinstance(data, Mapping):
         return bool(data) and all(is_array_data(v) for v in data.values())
@@ -59,7 +59,9 @@ def from_arrays(data: Any) -> Source:
     (count,) = lengths
 
     def read(indices: tf.Tensor) -> Any:
-        return tf.nest.map_structure(lambda t: tf.gather(t, indices), tensors)
+        return tf.nest.map_structure(lambda t: t.gather(indices), rows)
+
+    rows = tf.nest.map_structure(_Rows.of, tensors)
 
     return Source(tf.data.Dataset.range(count), count, read)
 
@@ -125,8 +127,8 @@ def _may_be_batches(spec: Any) -> bool:
     )
 
 
-def _to_tensor(value: Any) -> tf.Tensor | tf.RaggedTensor:
-    if isinstance(value, (tf.Tensor, tf.RaggedTensor)):
+def _to_tensor(value: Any) -> tf.Tensor | tf.RaggedTensor | tf.SparseTensor:
+    if isinstance(value, (tf.Tensor, tf.RaggedTensor, tf.SparseTensor)):
         return value
     if isinstance(value, np.ndarray) and value.dtype == object:
         raise ValueError(
@@ -138,7 +140,51 @@ def _to_tensor(value: Any) -> tf.Tensor | tf.RaggedTensor:
     return tf.convert_to_tensor(value)
 
 
-def _rows(tensor: tf.Tensor | tf.RaggedTensor) -> int:
+def _rows(tensor: tf.Tensor | tf.RaggedTensor | tf.SparseTensor) -> int:
     if isinstance(tensor, tf.RaggedTensor):
         return int(tensor.nrows())
+    if isinstance(tensor, tf.SparseTensor):
+        return int(tensor.dense_shape[0])
     return int(tensor.shape[0])
+
+
+@dataclasses.dataclass(frozen=True)
+class _Rows:
+    """In-memory rows that batches of indices gather.
+
+    A dense or ragged tensor is kept as it is; a `tf.SparseTensor`, which `tf.gather`
+    cannot read, is held as its entries grouped by row.
+    """
+
+    tensor: Any = None
+    columns: tf.RaggedTensor | None = None  # a sparse tensor's other coordinates, by row
+    values: tf.RaggedTensor | None = None  # its values, by row
+    dense_shape: tf.Tensor | None = None
+
+    @classmethod
+    def of(cls, tensor: Any) -> _Rows:
+        if not isinstance(tensor, tf.SparseTensor):
+            return cls(tensor=tensor)
+        tensor = tf.sparse.reorder(tensor)  # row-major, so each row's entries are together
+        rows = tensor.dense_shape[0]
+        splits = tf.searchsorted(tensor.indices[:, 0], tf.range(rows + 1), out_type=tf.int64)
+        return cls(
+            columns=tf.RaggedTensor.from_row_splits(tensor.indices[:, 1:], splits),
+            values=tf.RaggedTensor.from_row_splits(tensor.values, splits),
+            dense_shape=tensor.dense_shape,
+        )
+
+    def gather(self, indices: tf.Tensor) -> Any:
+        """The rows at `indices` (a batch of them, or one row for a scalar index)."""
+        if self.columns is None:
+            return tf.gather(self.tensor, indices)
+        columns = tf.gather(self.columns, indices)
+        values = tf.gather(self.values, indices)
+        if indices.shape.rank == 0:  # one example: its entries, without the row coordinate
+            return tf.SparseTensor(columns, values, self.dense_shape[1:])
+        position = tf.expand_dims(columns.value_rowids(), 1)
+        return tf.SparseTensor(
+            tf.concat([position, columns.flat_values], axis=1),
+            values.flat_values,
+            tf.concat([tf.shape(indices, out_type=tf.int64), self.dense_shape[1:]], axis=0),
+        )

@@ -40,6 +40,8 @@ _PUBLIC = {
     "WarmUp": "mirrorkit.scale.lr",
     "check_equivalence": "mirrorkit.scale.equivalence",
     "unscale_loss": "mirrorkit.scale.custom_step",
+    "all_gather": "mirrorkit.training.global_batch",
+    "all_gather_offset": "mirrorkit.training.global_batch",
     "synchronize_batch_norm": "mirrorkit.scale.batchnorm",
     "EquivalenceReport": "mirrorkit.scale.equivalence_report",
     "plan_memory": "mirrorkit.scale.memory",

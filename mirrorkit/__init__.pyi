@@ -31,6 +31,8 @@ from mirrorkit.strategies.topology import describe as describe
 from mirrorkit.throughput.callback import ThroughputCallback as ThroughputCallback
 from mirrorkit.throughput.report import ThroughputReport as ThroughputReport
 from mirrorkit.training.building import build as build
+from mirrorkit.training.global_batch import all_gather as all_gather
+from mirrorkit.training.global_batch import all_gather_offset as all_gather_offset
 
 __version__: str
 __all__: list[str]

@@ -96,7 +96,7 @@ def test_step_function_renamed_closure_is_an_error_not_a_no_op(monkeypatch):
 def test_step_function_without_trainer_tf_is_named(monkeypatch):
     monkeypatch.delattr(trainer, "tf")
     with pytest.raises(internals.InternalChangedError, match=r"trainer\.tf"):
-        with step_function._step_compiled_as(inline=True):
+        with step_function.step_compiled_as(inline=True):
             pass
 
 
@@ -294,7 +294,7 @@ def test_renamed_reshuffle_field_is_an_error(monkeypatch, batched_unverified):
 def test_step_function_with_a_moved_trainer_module_is_named(monkeypatch):
     monkeypatch.setattr(step_function, "_TRAINER", "keras.src.backend.tensorflow.moved_trainer")
     with pytest.raises(internals.InternalChangedError, match="moved_trainer") as caught:
-        with step_function._step_compiled_as(inline=True):
+        with step_function.step_compiled_as(inline=True):
             pass
     assert TESTED in str(caught.value)
 

@@ -69,7 +69,7 @@ _USED_FOR = "the step_function repair (steps_per_execution > 1, jit_compile; sev
 
 
 @contextlib.contextmanager
-def _step_compiled_as(inline: bool) -> Iterator[_InlineStepTF]:
+def step_compiled_as(inline: bool) -> Iterator[_InlineStepTF]:
     """The trainer module's ``tf`` is the proxy while Keras makes its function (scoped)."""
     proxy = _InlineStepTF(inline)
     swap = Repair(
@@ -84,7 +84,7 @@ def _step_compiled_as(inline: bool) -> Iterator[_InlineStepTF]:
         yield proxy
 
 
-def _check_seen(proxy: _InlineStepTF) -> None:
+def check_seen(proxy: _InlineStepTF) -> None:
     """Raises if Keras never compiled a closure named `_STEP_CLOSURE` (the repair did nothing)."""
     if not proxy.seen_step:
         raise internals.changed(
@@ -112,9 +112,9 @@ def _replacement(original):
                 "(keras#21366, tensorflow#56423); the train/test step runs compiled "
                 "without XLA",
             )
-        with _step_compiled_as(inline=several_steps) as proxy:
+        with step_compiled_as(inline=several_steps) as proxy:
             made = original(self, step_function)
-        _check_seen(proxy)
+        check_seen(proxy)
         return made
 
     _make_function.__wrapped__ = original

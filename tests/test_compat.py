@@ -32,6 +32,8 @@ def test_enable_is_idempotent_and_disable_restores():
         "symbolic_build",
         "multi_worker_reduce",
         "step_function",
+        "predict_without_xla_build",
+        "predict_on_batch_split",
         "one_device_step",
         "one_device_loss_scale",
         "one_device_loss_unscale",
@@ -147,6 +149,8 @@ def test_strategy_applies_what_it_needs():
     expected = [
         "symbolic_build",
         "step_function",
+        "predict_without_xla_build",
+        "predict_on_batch_split",
         "one_device_step",
         "one_device_loss_scale",
         "one_device_loss_unscale",

@@ -1,0 +1,106 @@
+"""Repairs: ``predict`` and ``predict_on_batch`` on several replicas, with and without XLA.
+
+Upstream: none found (``docs/compat.md``, "predict across replicas"). Under a
+strategy with several replicas (Keras 3.10-3.15.1, TensorFlow 2.21):
+
+- ``jit_compile=True`` and a model that ``predict`` itself builds (no
+  ``keras.Input``, a subclassed model, never called before): each replica's
+  step is an XLA function, and creating the model's variables inside it fails
+  ("We failed to lift variable creations out of this tf.function, so this
+  tf.function cannot be run on XLA"); one device predicts. The replacement
+  of ``make_predict_function`` compiles that step without XLA and says so
+  once; a model built before (a ``keras.Input``, ``model.build``, a ``fit``)
+  keeps XLA, which works per replica: the predict step has no collective.
+- ``predict_on_batch(x)`` hands the whole batch to every replica and
+  concatenates their outputs: N copies of each row. The replacement gives
+  each replica its own rows (the first ``n % N`` replicas one more), as
+  ``predict`` splits a batch, so the result is one device's.
+"""
+
+from __future__ import annotations
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+from mirrorkit.cluster import chief
+from mirrorkit.compat import step_function
+from mirrorkit.compat._repair import Repair, spans_replicas
+
+_TRAINER = "keras.src.backend.tensorflow.trainer"
+
+
+def _predict_function(original):
+    def make_predict_function(self, force=False):
+        if self.predict_function is not None and not force:
+            return self.predict_function
+        if self.run_eagerly or not self.jit_compile or self.built:
+            return original(self, force)
+        if not spans_replicas(self.distribute_strategy):
+            return original(self, force)
+        chief.say_once(
+            "predict-no-xla",
+            "jit_compile=True: predict builds this model inside each replica's step, where XLA "
+            "cannot create its variables; predict's step runs compiled without XLA (build the "
+            "model first, e.g. with keras.Input or model.build, to keep XLA)",
+        )
+        with step_function.step_compiled_as(inline=False) as proxy:
+            made = original(self, force)
+        step_function.check_seen(proxy)
+        return made
+
+    make_predict_function.__wrapped__ = original
+    return make_predict_function
+
+
+def _split_rows(x, strategy: tf.distribute.Strategy):
+    """`x` (arrays or tensors, nested) as per-replica values: each replica its own rows."""
+    parts = keras.tree.flatten(x)
+    rows = int(parts[0].shape[0])
+    replicas = strategy.num_replicas_in_sync
+    bounds = np.cumsum([0] + [rows // replicas + (i < rows % replicas) for i in range(replicas)])
+    tensors = keras.tree.map_structure(tf.convert_to_tensor, x)
+
+    def rows_of(context):
+        replica = context.replica_id_in_sync_group
+        start, stop = int(bounds[replica]), int(bounds[replica + 1])
+        return keras.tree.map_structure(lambda t: t[start:stop], tensors)
+
+    return strategy.experimental_distribute_values_from_function(rows_of)
+
+
+def _predict_on_batch(original):
+    def predict_on_batch(self, x):
+        strategy = self.distribute_strategy
+        if not spans_replicas(strategy) or not keras.tree.flatten(x):
+            return original(self, x)
+        self.make_predict_function()
+        outputs = self.predict_function([(_split_rows(x, strategy),)])
+        return keras.tree.map_structure(_to_numpy, outputs)
+
+    predict_on_batch.__wrapped__ = original
+    return predict_on_batch
+
+
+def _to_numpy(value):
+    return value if isinstance(value, tf.RaggedTensor) else keras.ops.convert_to_numpy(value)
+
+
+REPAIRS = (
+    Repair(
+        name="predict_without_xla_build",
+        upstream="predict with jit_compile builds the model inside XLA (docs/compat.md)",
+        module=_TRAINER,
+        target="TensorFlowTrainer.make_predict_function",
+        replacement=_predict_function,
+        applies_to=spans_replicas,
+    ),
+    Repair(
+        name="predict_on_batch_split",
+        upstream="predict_on_batch gives every replica the whole batch (docs/compat.md)",
+        module=_TRAINER,
+        target="TensorFlowTrainer.predict_on_batch",
+        replacement=_predict_on_batch,
+        applies_to=spans_replicas,
+    ),
+)

@@ -18,6 +18,8 @@ PUBLIC = [
     "ThroughputReport",
     "Topology",
     "WarmUp",
+    "all_gather",
+    "all_gather_offset",
     "build",
     "callbacks",
     "check_equivalence",

@@ -34,8 +34,8 @@ import keras
 import tensorflow as tf
 
 from mirrorkit import internals
-from mirrorkit.compat import one_device_gradient
 from mirrorkit.compat._repair import Repair, spans_replicas
+from mirrorkit.compat.one_device_gradient import clip_summed, clips
 from mirrorkit.training import fit_step
 
 
@@ -107,9 +107,9 @@ def _replacement(original):
                 reduced = distribution.extended.batch_reduce_to(
                     op, list(zip(averages, variables, strict=True))
                 )
-                if one_device_gradient.clips(self):
+                if clips(self):
                     # As one device clips: the K-step average of the global batch.
-                    reduced = one_device_gradient.clip_summed(
+                    reduced = clip_summed(
                         self, [tf.convert_to_tensor(g) for g in reduced]
                     )
                 _cross_replica_weight_decay(self, distribution, variables)

@@ -94,8 +94,11 @@ def clip_summed(optimizer, grads: list) -> list:
     """
     if not clips(optimizer):
         return grads
-    keras_clip = CLIP.original if CLIP.active else type(optimizer)._clip_gradients
-    return list(keras_clip(optimizer, grads))
+    if CLIP.active:
+        return list(CLIP.original(optimizer, grads))
+    name = "keras optimizer._clip_gradients"
+    keras_clip = internals.require(optimizer, "_clip_gradients", name=name, used_for=_USED_FOR)
+    return list(keras_clip(grads))
 
 
 def summed_per_id(gradient) -> bool:

@@ -24,8 +24,8 @@ import numpy as np
 import tensorflow as tf
 
 from mirrorkit.cluster import chief
-from mirrorkit.compat import step_function
 from mirrorkit.compat._repair import Repair, spans_replicas
+from mirrorkit.compat.step_function import check_seen, step_compiled_as
 
 _TRAINER = "keras.src.backend.tensorflow.trainer"
 
@@ -44,9 +44,9 @@ def _predict_function(original):
             "cannot create its variables; predict's step runs compiled without XLA (build the "
             "model first, e.g. with keras.Input or model.build, to keep XLA)",
         )
-        with step_function.step_compiled_as(inline=False) as proxy:
+        with step_compiled_as(inline=False) as proxy:
             made = original(self, force)
-        step_function.check_seen(proxy)
+        check_seen(proxy)
         return made
 
     make_predict_function.__wrapped__ = original

@@ -186,3 +186,36 @@ def test_keras_alone_applies_replica_ones_overflow():
         compat.enable()
     assert two["scales"][OVERFLOW_STEP] == 32768.0  # not halved
     assert not np.isfinite(two["weights"][0]).all()
+
+
+def _guarded_fit(strategy, x, y):
+    keras.mixed_precision.set_global_policy("mixed_float16")
+    try:
+        with strategy.scope():
+            model = make_model()
+        steps = _Steps()
+        inputs = mk.distribute((x, y), strategy, global_batch_size=BATCH, shuffle=False)
+        model.fit(inputs, epochs=1, verbose=0, callbacks=[mk.callbacks.NaNGuard(), steps])
+        return steps
+    finally:
+        keras.mixed_precision.set_global_policy("float32")
+
+
+def test_nan_guard_lets_loss_scaling_skip_an_overflow():
+    """The overflow's gradients are not finite, its loss is: loss scaling's to skip, no stop."""
+    steps = _guarded_fit(mk.strategy(cpu_replicas=2), *data())
+    assert steps.scales == [32768.0, 16384.0, 16384.0, 16384.0]
+    assert steps.iterations == [1, 1, 2, 3]
+
+
+@pytest.mark.parametrize("replicas", [1, 2])
+def test_nan_guard_stops_at_a_non_finite_loss_under_loss_scaling(replicas):
+    """A NaN input on the last replica at step 2: its loss is NaN, which no loss scale fixes."""
+    x, y = data(overflow_row=None)
+    x[2 * BATCH + BATCH - 1] = np.nan
+    strategy = mk.strategy("one_device") if replicas == 1 else mk.strategy(cpu_replicas=2)
+    with pytest.raises(mk.callbacks.NonFiniteError) as raised:
+        _guarded_fit(strategy, x, y)
+    assert raised.value.step == 2
+    assert raised.value.replicas == [replicas - 1]
+    assert raised.value.what == {replicas - 1: "loss"}

@@ -35,6 +35,7 @@ import tensorflow as tf
 
 from mirrorkit import internals
 from mirrorkit.cluster import cluster_info, workers
+from mirrorkit.compat import agreed_loss_scale
 from mirrorkit.training import gradient_hooks, step_hooks
 
 _USED_FOR = "NaNGuard's per-replica gradient check"
@@ -84,9 +85,13 @@ class NaNGuard(keras.callbacks.Callback):
     docs/guards.md, ``benchmarks/guards_cost.py``). ``steps_per_execution > 1``
     still names the exact step.
 
-    Not for a ``LossScaleOptimizer`` (``mixed_float16``): there non-finite
-    gradients are how dynamic loss scaling finds its scale, and it skips
-    those steps itself.
+    With a ``LossScaleOptimizer`` (``mixed_float16``) it checks each
+    replica's loss only: a non-finite gradient is how dynamic loss scaling
+    finds its scale, and that step is skipped on every replica together
+    (`mirrorkit.compat.agreed_loss_scale`); a non-finite loss, which no loss
+    scale can fix, stops every worker. The loss flags travel in the loss
+    scale's own finite check, not in the gradient all-reduce, which a
+    skipped step never reaches.
 
     Args:
         check_loss: also check each replica's loss (the gradients are always
@@ -134,13 +139,16 @@ class NaNGuard(keras.callbacks.Callback):
         optimizer = gradient_hooks.innermost_optimizer(model)
         if optimizer is None:
             raise ValueError("NaNGuard needs a compiled model; compile it before fit")
-        if optimizer is not getattr(model, "optimizer", None):
+        loss_scaled = optimizer is not getattr(model, "optimizer", None)  # a LossScaleOptimizer
+        if loss_scaled and not self.check_loss:
             raise ValueError(
-                "NaNGuard does not work with a LossScaleOptimizer (mixed_float16): its non-finite "
-                "gradients are how dynamic loss scaling works, and it skips those steps itself. "
-                "Use keras.callbacks.TerminateOnNaN there, or train in float32."
+                "NaNGuard(check_loss=False) with a LossScaleOptimizer (mixed_float16) would check "
+                "nothing: non-finite gradients are how dynamic loss scaling finds its scale, and "
+                "it skips those steps on every replica itself. Keep check_loss=True (the default) "
+                "to stop on a non-finite loss."
             )
-        gradient_hooks.require(optimizer, used_for=_USED_FOR)
+        if not loss_scaled:
+            gradient_hooks.require(optimizer, used_for=_USED_FOR)
         self._uninstall()
         strategy = model.distribute_strategy
         replicas = strategy.num_replicas_in_sync
@@ -162,6 +170,13 @@ class NaNGuard(keras.callbacks.Callback):
             "checked": False,  # set when the check is traced (or run eagerly) into the step
             "verdict": step_hooks.StepHook("nan_guard.verdict", self._guarded_step),
         }
+        if loss_scaled:  # the loss flags ride in the loss scale's finite check
+            self._state["hooks"] = ()
+            self._state["loss_scale"] = model.optimizer
+            agreed_loss_scale.REPAIR.apply()  # in place already where the strategy spans replicas
+            agreed_loss_scale.add_rider(
+                model.optimizer, "nan_guard", self._loss_flags, self._record_loss_verdict
+            )
         for hook in self._state["hooks"]:
             gradient_hooks.register(optimizer, hook, used_for=_USED_FOR)
         if self.check_loss:
@@ -200,10 +215,23 @@ class NaNGuard(keras.callbacks.Callback):
         grads = [g for g, _ in step.grads_and_vars]
         step.riders["nan_guard"] = self._local_flags(grads, self._losses.pop(_trace_key(), None))
 
+    def _loss_flags(self) -> tf.Tensor:
+        """With a LossScaleOptimizer: this replica's loss flag, summed in its finite check."""
+        self._state["checked"] = True
+        flags = self._local_flags([], self._losses.pop(_trace_key(), None))
+        return flags[: self._state["replicas"]]
+
+    def _record_loss_verdict(self, summed: tf.Tensor) -> None:
+        """Every replica's loss flags (no gradient flags: overflows are loss scaling's)."""
+        self._record(tf.concat([summed, tf.zeros_like(summed)], axis=0))
+
     def _record_verdict(self, step: gradient_hooks.Gradients) -> None:
         """After the all-reduce: every replica's flags, summed, kept with the first bad step."""
+        self._record(tf.cast(step.riders.pop("nan_guard"), tf.float32))
+
+    def _record(self, verdict: tf.Tensor) -> None:
+        """Keeps the summed flags, and the iteration of the first step that had any."""
         state = self._state
-        verdict = tf.cast(step.riders.pop("nan_guard"), tf.float32)
         iteration = tf.cast(tf.convert_to_tensor(state["optimizer"].iterations), tf.int64)
         first = state["first"]
         newly = tf.logical_and(tf.reduce_any(verdict > 0), first < 0)
@@ -287,6 +315,8 @@ class NaNGuard(keras.callbacks.Callback):
         optimizer, model = state["optimizer"], self.model
         for hook in state["hooks"]:
             gradient_hooks.remove(optimizer, hook)
+        if "loss_scale" in state:
+            agreed_loss_scale.remove_rider(state["loss_scale"], "nan_guard")
         step_hooks.remove(model, state["verdict"])
         if "compute_loss" in state and not state["had_compute_loss"]:
             vars(model).pop("_compute_loss", None)

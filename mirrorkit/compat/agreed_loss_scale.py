@@ -23,7 +23,8 @@ run unchanged.
 
 `add_rider` lets another check travel in the same all-reduce (`NaNGuard`
 reads each replica's loss there: a skipped step never reaches the gradient
-all-reduce where it otherwise looks).
+all-reduce where it otherwise looks); an optimizer with a rider takes this
+path on one replica too, where `NaNGuard` puts the repair in place itself.
 """
 
 from __future__ import annotations
@@ -100,11 +101,8 @@ def agreed_finite(optimizer: Any, grads) -> tf.Tensor:
 def _replacement(original):
     def _tf_apply(self, grads, trainable_variables=None):
         context = tf.distribute.get_replica_context()
-        if (
-            context is None
-            or not tf.distribute.has_strategy()
-            or not spans_replicas(tf.distribute.get_strategy())
-        ):
+        spanning = tf.distribute.has_strategy() and spans_replicas(tf.distribute.get_strategy())
+        if context is None or not (spanning or _RIDERS.get(self)):
             return original(self, grads, trainable_variables)
         for attr in _INTERNALS:
             name = f"keras LossScaleOptimizer.{attr}"

@@ -114,6 +114,52 @@ def noisy_model():
     return model
 
 
+def gru_model():
+    """A GRU keeps a seed generator for dropout; with dropout=0 it draws nothing."""
+    layers = [keras.layers.Reshape((3, 2)), keras.layers.GRU(4), keras.layers.Dense(1)]
+    model = keras.Sequential([keras.Input((6,)), *layers])
+    model.compile(optimizer=keras.optimizers.SGD(0.1), loss="mse")
+    return model
+
+
+class InBatch(keras.Model):
+    """An in-batch softmax over x's two halves (queries, candidates); `gather` or not."""
+
+    gather = False
+
+    def __init__(self):
+        super().__init__()
+        self.query = keras.layers.Dense(3, use_bias=False)
+        self.candidate = keras.layers.Dense(3, use_bias=False)
+        self.loss_fn = keras.losses.CategoricalCrossentropy(from_logits=True)
+
+    def build(self, input_shape):
+        self.query.build((None, 3))
+        self.candidate.build((None, 3))
+
+    def call(self, x):
+        return self.query(x[:, :3])
+
+    def compute_loss(self, x, y, y_pred, sample_weight=None, training=True):
+        candidates = self.candidate(x[:, 3:])
+        offset = 0
+        if self.gather:
+            candidates, offset = mk.all_gather(candidates), mk.all_gather_offset(y_pred)
+        positives = offset + keras.ops.arange(keras.ops.shape(y_pred)[0])
+        labels = keras.ops.one_hot(positives, keras.ops.shape(candidates)[0])
+        return self.loss_fn(labels, keras.ops.matmul(y_pred, keras.ops.transpose(candidates)))
+
+
+class GatheringInBatch(InBatch):
+    gather = True
+
+
+def in_batch_model(cls=InBatch):
+    model = cls()
+    model.compile(optimizer=keras.optimizers.SGD(0.5))
+    return model
+
+
 def _suspects(model_fn):
     keras.backend.clear_session()  # layer names from 0 (dropout, not dropout_2) whatever ran
     with mk.strategy(cpu_replicas=2).scope():
@@ -128,6 +174,8 @@ def _suspects(model_fn):
         (summed_loss_model, None),  # inside fit a summed loss is one device's global sum
         (dropout_model, "random layers: dropout (Dropout)"),
         (custom_step_model, "custom train_step (SummingStep.train_step)"),
+        (gru_model, None),  # a seed generator, but dropout=0: it draws nothing
+        (in_batch_model, "custom compute_loss (InBatch.compute_loss)"),
     ],
 )
 def test_each_suspect_is_recognised(model_fn, named):
@@ -160,6 +208,18 @@ def test_a_planted_cause_fails_and_is_named(model_fn, named):
     assert not report.passed
     assert any(named in cause for cause in report.causes), str(report)
     assert "equivalence FAILED" in str(report) and named in str(report)
+
+
+@pytest.mark.multiprocess  # mk.check_equivalence trains in fresh processes
+def test_an_in_batch_loss_fails_and_names_compute_loss_until_it_gathers():
+    report = mk.check_equivalence(in_batch_model, (X, Y), **CHECK)
+    assert not report.passed
+    assert any("custom compute_loss (InBatch.compute_loss)" in c for c in report.causes), str(
+        report
+    )
+    assert "mk.all_gather" in str(report)
+    gathered = mk.check_equivalence(lambda: in_batch_model(GatheringInBatch), (X, Y), **CHECK)
+    assert gathered.passed, str(gathered)
 
 
 @pytest.mark.multiprocess  # mk.check_equivalence trains in fresh processes

@@ -79,7 +79,12 @@ def unscale_loss(loss: Any) -> Any:
 
 def custom_train_step(model: keras.Model) -> str | None:
     """The name of the user class that overrides ``train_step``, or None for Keras's own."""
+    return overrides(model, "train_step")
+
+
+def overrides(model: keras.Model, method: str) -> str | None:
+    """The name of the user class that overrides `method` of Keras's model, or None."""
     for cls in type(model).__mro__:
-        if "train_step" in vars(cls):
+        if method in vars(cls):
             return None if cls.__module__.startswith("keras.") else cls.__name__
     return None

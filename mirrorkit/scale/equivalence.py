@@ -191,6 +191,9 @@ def _train_here(pickled_model_fn, x, y, replicas, steps, batch_size, initial) ->
 
     def run(initial):
         model = mk.build(model_fn, strategy)
+        if not model.built:  # a subclassed model fit would build: built here, so that every
+            with strategy.scope():  # run starts from the same weights
+                model.build(tf.nest.map_structure(lambda a: (None, *a.shape[1:]), x))
         if initial is None:
             initial = model.get_weights()
         model.set_weights(initial)

@@ -1,9 +1,12 @@
 """What in a model makes N replicas train differently from one device, found by inspection.
 
 `mk.check_equivalence` names these when the weights differ: layers that draw
-random numbers (each replica draws its own), batch normalisation with
-per-replica statistics, and a custom ``train_step`` (whose losses must be
-means over the batch, as one device's; `mirrorkit.compat.one_device_loss`).
+random numbers (each replica draws its own; a layer whose rates are all 0,
+such as a GRU with ``dropout=0``, draws none), batch normalisation with
+per-replica statistics, a custom ``train_step`` (whose losses must be means
+over the batch, as one device's; `mirrorkit.compat.one_device_loss`) and an
+overridden ``compute_loss`` (a loss that compares the examples of a batch
+sees only the replica's part, unless it gathers them with `mk.all_gather`).
 A loss reduced with ``reduction="sum"`` is no suspect: inside ``fit`` it is
 one device's sum over the global batch.
 """
@@ -15,7 +18,10 @@ from typing import Any
 import keras
 
 from mirrorkit.scale.batchnorm import all_layers, unsynchronized_batch_norm
-from mirrorkit.scale.custom_step import custom_train_step
+from mirrorkit.scale.custom_step import custom_train_step, overrides
+
+#: The attributes that say how much a Keras random layer draws (0: it draws nothing).
+_RATES = ("rate", "dropout", "recurrent_dropout", "stddev")
 
 
 def find(model: keras.Model) -> dict[str, Any]:
@@ -27,19 +33,26 @@ def find(model: keras.Model) -> dict[str, Any]:
     Returns:
         ``random``: ``[(layer name, class name)]`` of layers with a Keras
         seed generator; ``batch_norm``: unsynchronised BatchNormalization
-        layer names; ``train_step``: the class that overrides ``train_step``.
+        layer names; ``train_step``: the class that overrides ``train_step``;
+        ``compute_loss``: the class that overrides ``compute_loss``.
     """
     layers = all_layers(model)
-    random = [
-        (layer.name, type(layer).__name__)
-        for layer in layers
-        if any(isinstance(v, keras.random.SeedGenerator) for v in vars(layer).values())
-    ]
+    random = [(layer.name, type(layer).__name__) for layer in layers if _draws_random(layer)]
     return {
         "random": random,
         "batch_norm": unsynchronized_batch_norm(model),
         "train_step": custom_train_step(model),
+        "compute_loss": overrides(model, "compute_loss"),
     }
+
+
+def _draws_random(layer: keras.layers.Layer) -> bool:
+    """Whether `layer` has a seed generator and a rate that is not 0 (or no rate at all)."""
+    if not any(isinstance(v, keras.random.SeedGenerator) for v in vars(layer).values()):
+        return False
+    rates = [getattr(layer, name) for name in _RATES if hasattr(layer, name)]
+    rates = [rate for rate in rates if isinstance(rate, (int, float))]
+    return not rates or any(rate != 0 for rate in rates)
 
 
 def describe(found: dict[str, Any]) -> list[str]:
@@ -65,5 +78,12 @@ def describe(found: dict[str, Any]) -> list[str]:
             "self.compute_loss, tf.nn.compute_average_loss); a loss summed over the batch by "
             "hand is 1/N of one device's, one divided by the global batch size or the replica "
             "count by hand is off by N"
+        )
+    if found.get("compute_loss"):
+        lines.append(
+            f"custom compute_loss ({found['compute_loss']}.compute_loss): a loss that compares "
+            "the examples of a batch (in-batch negatives, a contrastive loss, an in-batch "
+            "softmax) sees only each replica's part of it; gather the other replicas' examples "
+            "with mk.all_gather and place this replica's positives with mk.all_gather_offset"
         )
     return lines

@@ -13,7 +13,7 @@ pairs it was tested on and the test that reproduces it.
 | ``symbolic_build`` | keras#20585, #19246 | multi-worker ``fit``/``evaluate``; a first batch smaller than the replica count; string inputs; a model without ``call()`` (GANs, VAEs) |
 | ``multi_worker_reduce`` | keras#20585 | multi-worker losses and metrics (``axis=0`` on scalars) |
 | ``step_function`` | keras#21366, tensorflow#56423 | ``steps_per_execution > 1`` and ``jit_compile=True`` with several replicas |
-| ``predict_without_xla_build``, ``predict_on_batch_split`` | none found (``docs/compat.md``) | ``predict`` with ``jit_compile=True`` of a model it builds; ``predict_on_batch`` returned N copies of each row |
+| ``predict_without_xla_build``, ``predict_on_batch_split`` | none found (``docs/compat.md``) | ``predict`` with ``jit_compile=True`` (XLA per replica fails); ``predict_on_batch`` returned N copies of each row |
 | ``one_device_*``, ``averaged_gradients`` | keras#19891 | a custom ``train_step`` that reduces its loss by hand trains at N times one device's gradient; Keras's losses log 1/N |
 | ``optimizer_variables`` | keras#23085 (fixed by #23087) | optimizers other than ``model.optimizer`` (``d_optimizer``, ``g_optimizer``), ``MultiOptimizer``, custom loops: "You must feed a value for placeholder tensor" |
 | ``gradient_accumulation`` | none found (``docs/compat.md``) | optimizer ``gradient_accumulation_steps`` with several replicas |

@@ -3,14 +3,15 @@
 Upstream: none found (``docs/compat.md``, "predict across replicas"). Under a
 strategy with several replicas (Keras 3.10-3.15.1, TensorFlow 2.21):
 
-- ``jit_compile=True`` and a model that ``predict`` itself builds (no
-  ``keras.Input``, a subclassed model, never called before): each replica's
-  step is an XLA function, and creating the model's variables inside it fails
+- ``jit_compile=True``: each replica's predict step is an XLA function.
+  For a model that ``predict`` itself builds (no ``keras.Input``, a
+  subclassed model, never called before) creating its variables there fails
   ("We failed to lift variable creations out of this tf.function, so this
-  tf.function cannot be run on XLA"); one device predicts. The replacement
-  of ``make_predict_function`` compiles that step without XLA and says so
-  once; a model built before (a ``keras.Input``, ``model.build``, a ``fit``)
-  keeps XLA, which works per replica: the predict step has no collective.
+  tf.function cannot be run on XLA"); on Keras 3.10 / TensorFlow 2.17 even a
+  built model fails ("Trying to access resource ... located in device
+  CPU:1 from device CPU:0"). One device predicts. The replacement of
+  ``make_predict_function`` compiles that step without XLA and says so
+  once, as `mirrorkit.compat.step_function` does for the train and test step.
 - ``predict_on_batch(x)`` hands the whole batch to every replica and
   concatenates their outputs: N copies of each row. The replacement gives
   each replica its own rows (the first ``n % N`` replicas one more), as
@@ -34,15 +35,15 @@ def _predict_function(original):
     def make_predict_function(self, force=False):
         if self.predict_function is not None and not force:
             return self.predict_function
-        if self.run_eagerly or not self.jit_compile or self.built:
-            return original(self, force)
-        if not spans_replicas(self.distribute_strategy):
+        strategy = self.distribute_strategy
+        if self.run_eagerly or not self.jit_compile or not spans_replicas(strategy):
             return original(self, force)
         chief.say_once(
             "predict-no-xla",
-            "jit_compile=True: predict builds this model inside each replica's step, where XLA "
-            "cannot create its variables; predict's step runs compiled without XLA (build the "
-            "model first, e.g. with keras.Input or model.build, to keep XLA)",
+            f"jit_compile=True: XLA cannot compile predict's step on the "
+            f"{strategy.num_replicas_in_sync} replicas of {type(strategy).__name__} (it cannot "
+            "create a model's variables there, nor reach another replica's); predict's step "
+            "runs compiled without XLA",
         )
         with step_compiled_as(inline=False) as proxy:
             made = original(self, force)
@@ -89,7 +90,7 @@ def _to_numpy(value):
 REPAIRS = (
     Repair(
         name="predict_without_xla_build",
-        upstream="predict with jit_compile builds the model inside XLA (docs/compat.md)",
+        upstream="predict with jit_compile across replicas (docs/compat.md)",
         module=_TRAINER,
         target="TensorFlowTrainer.make_predict_function",
         replacement=_predict_function,

@@ -71,8 +71,15 @@ def assert_as_one_device(one, two, tolerance=TOLERANCE):
     assert largest_difference(one_model, two_model) <= tolerance
 
 
-@pytest.mark.parametrize("clip", sorted(CLIPPING))
-@pytest.mark.parametrize("optimizer", ["adamw", "sgd"])
+#: The quick set (pytest -m "not slow", under 2 minutes) keeps one case of each test.
+_CASES = [
+    pytest.param(clip, optimizer, marks=[] if (clip, optimizer) == ("global_clipnorm", "adamw")
+                 else [pytest.mark.slow])
+    for clip in sorted(CLIPPING) for optimizer in ("adamw", "sgd")
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("clip, optimizer", _CASES)
 def test_fit_clips_the_averaged_gradient_as_one_device(clip, optimizer):
     one = fit(mk.strategy("one_device"), optimizer=optimizer, **CLIPPING[clip])
     two = fit(mk.strategy(cpu_replicas=2), optimizer=optimizer, **CLIPPING[clip])
@@ -81,12 +88,14 @@ def test_fit_clips_the_averaged_gradient_as_one_device(clip, optimizer):
     assert largest_difference(one[0], unclipped[0]) > 1e-3  # the clipping did act
 
 
+@pytest.mark.slow
 def test_four_replicas_clip_as_one_device_too():
     one = fit(mk.strategy("one_device"), **CLIPPING["global_clipnorm"])
     four = fit(mk.strategy(cpu_replicas=4), **CLIPPING["global_clipnorm"])
     assert_as_one_device(one, four)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("clip", sorted(CLIPPING))
 def test_train_on_batch_clips_as_one_device(clip):
     x, y = data(BATCH)
@@ -100,6 +109,7 @@ def test_train_on_batch_clips_as_one_device(clip):
     assert largest_difference(*models) <= TOLERANCE
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("clip", sorted(CLIPPING))
 def test_accumulated_gradients_are_clipped_after_the_all_reduce(clip):
     """K=4 micro-steps of 8 on 2 replicas equal one step of 32 on one device, clipped."""
@@ -115,6 +125,7 @@ def test_accumulated_gradients_are_clipped_after_the_all_reduce(clip):
     assert largest_difference(one[0], model) <= TOLERANCE
 
 
+@pytest.mark.slow
 def test_compressed_all_reduce_clips_after_it_within_float16_resolution():
     one = fit(mk.strategy("one_device"), **CLIPPING["clipnorm"])
     strategy = mk.strategy(cpu_replicas=2)

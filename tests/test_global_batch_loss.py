@@ -73,7 +73,7 @@ def largest_difference(one, two):
     )
 
 
-@pytest.mark.parametrize("replicas", [2, 4])
+@pytest.mark.parametrize("replicas", [2, pytest.param(4, marks=pytest.mark.slow)])
 def test_an_in_batch_softmax_with_gathered_candidates_trains_as_one_device(replicas):
     one, one_loss = fit(mk.strategy("one_device"))
     many, many_loss = fit(mk.strategy(cpu_replicas=replicas))
@@ -81,6 +81,7 @@ def test_an_in_batch_softmax_with_gathered_candidates_trains_as_one_device(repli
     assert largest_difference(one, many) <= TOLERANCE
 
 
+@pytest.mark.slow
 def test_without_the_gather_each_replica_compares_only_its_own_examples():
     """What the gather is for: the same model ungathered is far from one device (an easier
     softmax over 8 candidates instead of 16: a lower loss)."""
@@ -90,6 +91,7 @@ def test_without_the_gather_each_replica_compares_only_its_own_examples():
     assert largest_difference(one, two) > 1e-2
 
 
+@pytest.mark.slow
 def test_evaluate_with_unequal_parts_puts_each_replicas_rows_at_its_offset():
     """37 examples in batches of 16: the last batch of 5 splits 3 and 2 between the replicas,
     so the offset of replica 1 is 3, not 5 / 2; evaluate equals one device's."""

@@ -118,7 +118,7 @@ def assert_as_one_device(one, other):
         np.testing.assert_allclose(got, want, rtol=0, atol=FLOAT16_TOLERANCE, err_msg=f"weight {i}")
 
 
-@pytest.mark.parametrize("kind", ["fit", "scale_loss"])
+@pytest.mark.parametrize("kind", ["fit", pytest.param("scale_loss", marks=pytest.mark.slow)])
 def test_an_overflow_on_replica_one_is_skipped_on_every_replica_as_on_one_device(kind):
     one = train(mk.strategy("one_device"), kind)
     two = train(mk.strategy(cpu_replicas=2), kind)
@@ -128,6 +128,7 @@ def test_an_overflow_on_replica_one_is_skipped_on_every_replica_as_on_one_device
     assert_as_one_device(one, two)
 
 
+@pytest.mark.slow  # the quick set keeps the overflow test (pytest -m "not slow" under 2 min)
 def test_without_an_overflow_two_replicas_equal_one_device_at_every_step():
     one = train(mk.strategy("one_device"), overflow_row=None, epochs=2)
     two = train(mk.strategy(cpu_replicas=2), overflow_row=None, epochs=2)
@@ -135,6 +136,7 @@ def test_without_an_overflow_two_replicas_equal_one_device_at_every_step():
     assert_as_one_device(one, two)
 
 
+@pytest.mark.slow
 def test_accumulation_and_compression_compose_with_the_agreed_skip():
     """gradient_accumulation_steps=2 and fp16 all-reduce: the overflow's step is still skipped
     together (no NaN); the scale and iterations as one device accumulating."""
@@ -201,6 +203,7 @@ def _guarded_fit(strategy, x, y):
         keras.mixed_precision.set_global_policy("float32")
 
 
+@pytest.mark.slow
 def test_nan_guard_lets_loss_scaling_skip_an_overflow():
     """The overflow's gradients are not finite, its loss is: loss scaling's to skip, no stop."""
     steps = _guarded_fit(mk.strategy(cpu_replicas=2), *data())
@@ -208,6 +211,7 @@ def test_nan_guard_lets_loss_scaling_skip_an_overflow():
     assert steps.iterations == [1, 1, 2, 3]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("replicas", [1, 2])
 def test_nan_guard_stops_at_a_non_finite_loss_under_loss_scaling(replicas):
     """A NaN input on the last replica at step 2: its loss is NaN, which no loss scale fixes."""

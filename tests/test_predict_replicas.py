@@ -57,9 +57,16 @@ def assert_equal(one, two):
         np.testing.assert_allclose(b, a, atol=TOLERANCE)
 
 
-@pytest.mark.parametrize("kind", ["unbuilt", "built", "struct"])
-@pytest.mark.parametrize("how", ["predict", "predict_on_batch"])
-@pytest.mark.parametrize("jit_compile", [True, False])
+#: The quick set (pytest -m "not slow", under 2 minutes) keeps one case with XLA asked for.
+_CASES = [
+    pytest.param(kind, how, jit, marks=[] if (kind, how, jit) == ("unbuilt", "predict", True)
+                 else [pytest.mark.slow])
+    for kind in ("unbuilt", "built", "struct") for how in ("predict", "predict_on_batch")
+    for jit in (True, False)
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("kind, how, jit_compile", _CASES)
 def test_two_replicas_predict_as_one_device(kind, how, jit_compile):
     one = predictions(mk.strategy("one_device"), kind, how, 100 if how == "predict" else 16,
                       jit_compile)  # fmt: skip
@@ -68,7 +75,8 @@ def test_two_replicas_predict_as_one_device(kind, how, jit_compile):
     assert_equal(one, two)
 
 
-@pytest.mark.parametrize("rows", [1, 5, 7])
+@pytest.mark.parametrize("rows", [pytest.param(1, marks=pytest.mark.slow), 5,
+                                  pytest.param(7, marks=pytest.mark.slow)])  # fmt: skip
 def test_predict_on_batch_splits_an_uneven_batch_into_one_devices_rows(rows):
     one = predictions(mk.strategy("one_device"), "built", "predict_on_batch", rows)
     four = predictions(mk.strategy(cpu_replicas=4), "built", "predict_on_batch", rows)
@@ -76,6 +84,7 @@ def test_predict_on_batch_splits_an_uneven_batch_into_one_devices_rows(rows):
     assert_equal(one, four)
 
 
+@pytest.mark.slow
 def test_xla_is_left_out_of_predict_across_replicas_and_said_once(capfd):
     strategy = mk.strategy(cpu_replicas=2)
     predictions(strategy, "built", "predict", 32, jit_compile=False)

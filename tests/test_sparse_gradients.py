@@ -84,11 +84,18 @@ def assert_as_one_device(make_model, data, **fit_args):
     return one_model, two_model
 
 
-@pytest.mark.parametrize("optimizer", sorted(OPTIMIZERS))
+def _quick_only(name):
+    """The quick set (pytest -m "not slow", under 2 minutes) keeps Adam's case."""
+    marks = {o: [] if o == name else [pytest.mark.slow] for o in OPTIMIZERS}
+    return [pytest.param(o, marks=marks[o]) for o in sorted(OPTIMIZERS)]
+
+
+@pytest.mark.parametrize("optimizer", _quick_only("adam"))
 def test_a_dense_layer_on_sparse_inputs_trains_as_one_device(optimizer):
     assert_as_one_device(lambda: make_sparse_model(optimizer), multi_hot(), as_tf_data=True)
 
 
+@pytest.mark.slow
 def test_mk_distribute_takes_sparse_features_and_trains_as_one_device():
     assert_as_one_device(make_sparse_model, multi_hot())
 
@@ -115,7 +122,7 @@ def repeated_ids(n=64):
     )
 
 
-@pytest.mark.parametrize("optimizer", sorted(OPTIMIZERS))
+@pytest.mark.parametrize("optimizer", _quick_only("adam"))
 def test_embedding_ids_repeated_within_and_across_replicas_train_as_one_device(optimizer):
     assert_as_one_device(lambda: make_embedding_model(optimizer), repeated_ids())
 
@@ -164,6 +171,7 @@ def test_sparse_features_shuffled_and_for_eval_keep_every_row():
     assert not np.array_equal(seen, dense[:32])  # shuffled
 
 
+@pytest.mark.slow
 def test_sparse_features_through_a_preprocess_function_read_one_row_at_a_time():
     x, y = multi_hot(32)
     strategy = mk.strategy(cpu_replicas=2)

@@ -182,7 +182,10 @@ def test_nothing_planted_is_not_input_bound(fresh):
     report, _, restored = fresh(_fit, 0)
     epoch = report.epochs[0]
     assert epoch.input_wait_share < 0.2, str(report)
-    assert epoch.verdict.startswith("not input-bound: ") and restored
+    # On 2 replicas the step clock times compute and the all-reduce too: the verdict says which.
+    assert epoch.verdict.startswith(("compute-bound: ", "communication-bound: ")), str(report)
+    assert epoch.compute_share is not None and epoch.communication_share is not None
+    assert restored
 
 
 @pytest.mark.parametrize("steps_per_execution", [2])

@@ -19,7 +19,13 @@ from mirrorkit.training import gradient_hooks
 from mirrorkit.training.gradient_hooks import GradientHook
 
 #: What the chain runs with all three of mirrorkit's hooks, whatever order they came in.
-THE_THREE = ("step_clock", "nan_guard.check", "compression", "nan_guard.verdict")
+THE_THREE = (
+    "step_clock",
+    "nan_guard.check",
+    "compression",
+    "step_clock.reduced",
+    "nan_guard.verdict",
+)
 
 
 def _tiny():

@@ -3,10 +3,9 @@
 From the measured shares of a step: waiting for input (`InputClock`: a
 worker's wait for its own batch, not for the other workers), host work
 outside Keras's compiled train function (``host_share``: callbacks, logging,
-Python between steps), and, in a multi-worker job, the slowest worker's
-computation (``compute_share``); the rest is the all-reduce (the
-gradients', and a finite dataset's agreement on whether there is a next
-batch).
+Python between steps), and, with several replicas, the slowest replica's
+computation (``compute_share``) and gradient all-reduce
+(``communication_share``), on one host as across workers.
 """
 
 from __future__ import annotations
@@ -17,8 +16,14 @@ INPUT_BOUND_SHARE = 0.2
 HOST_BOUND_SHARE = 0.3
 #: An epoch whose steady steps explain less than (1 - this) of its wall time has a large overhead.
 EPOCH_OVERHEAD_SHARE = 0.3
-#: A multi-worker step that computes less than this share of its time is communication-bound.
+#: A step whose slowest replica computes less than this share of it is communication-bound,
+#: where the all-reduce itself was not timed.
 COMMUNICATION_BOUND_SHARE = 0.7
+#: A step whose slowest replica spends this share of it in the gradient all-reduce is
+#: communication-bound (its all-reduce is the transfer alone: it waits for nobody).
+ALL_REDUCE_BOUND_SHARE = 0.3
+#: From this share of a step spent with the replicas apart, the verdict says so.
+REPLICA_WAIT_SHARE = 0.1
 
 
 def verdict(
@@ -29,14 +34,16 @@ def verdict(
     host_share: float | None = None,
     host_worker: int | None = None,
     epoch_overhead_share: float | None = None,
+    communication_share: float | None = None,
+    replica_wait_share: float | None = None,
 ) -> str | None:
     """One line: input-, communication- or compute-bound, with the fix to try.
 
     Args:
         input_wait_share: the measured share of each step spent waiting for data
             (in a multi-worker job the largest of the workers' own shares).
-        compute_share: the slowest worker's computation over the step time
-            (multi-worker jobs), or None.
+        compute_share: the slowest replica's computation over the step time
+            (several replicas), or None.
         waiting_worker: the worker whose input wait that is (multi-worker
             jobs), named in an input-bound verdict.
         host_share: the measured share of each step spent outside the compiled
@@ -47,6 +54,11 @@ def verdict(
             steps at the steady rate (iterator start-up, validation,
             epoch-end callbacks); the callback leaves it out for the first
             epoch of each ``fit``, whose tracing is expected.
+        communication_share: the gradient all-reduce of the replica that
+            reached it last, over the step time, where it was timed (several
+            replicas).
+        replica_wait_share: the share of a step the replicas spend apart
+            (starting late, or waiting for each other), where it was timed.
 
     Returns:
         The verdict, or None when nothing was measured.
@@ -80,7 +92,14 @@ def verdict(
             "(iterator start-up, validation, epoch-end callbacks); train more steps per epoch "
             "(steps_per_epoch with .repeat()) or validate less often (validation_freq)"
         )
-    if compute_share is not None and compute_share < COMMUNICATION_BOUND_SHARE:
+    if communication_share is not None and compute_share is not None:
+        if communication_share >= ALL_REDUCE_BOUND_SHARE:
+            return (
+                f"communication-bound: compute share {compute_share:.2f}, all-reduce share "
+                f"{communication_share:.2f}; try gradient_compression='fp16', a larger "
+                "per-replica batch, or gradient_accumulation_steps"
+            )
+    elif compute_share is not None and compute_share < COMMUNICATION_BOUND_SHARE:
         return (
             f"communication-bound: compute share {compute_share:.2f}; try "
             "gradient_compression='fp16' or a larger per-replica batch"
@@ -89,7 +108,13 @@ def verdict(
         "" if input_wait_share is None else f"{input_wait_share:.0%} of each step waits for data"
     )
     if compute_share is not None:
-        return f"compute-bound: compute share {compute_share:.2f}" + (
-            f", {waiting}" if waiting else ""
-        )
+        shares = f"compute share {compute_share:.2f}"
+        if communication_share is not None:
+            shares += f", all-reduce share {communication_share:.2f}"
+        if replica_wait_share is not None and replica_wait_share >= REPLICA_WAIT_SHARE:
+            shares += (
+                f", replicas apart {replica_wait_share:.2f} (they start their steps apart: "
+                "CPU replicas share the host's cores)"
+            )
+        return f"compute-bound: {shares}" + (f", {waiting}" if waiting else "")
     return f"not input-bound: {waiting}"

@@ -13,7 +13,7 @@ from mirrorkit import internals
 from mirrorkit.cluster import chief
 from mirrorkit.cluster import workers as workers_lib
 from mirrorkit.number_checks import non_negative_int, positive_int
-from mirrorkit.throughput import bottleneck, input_clock
+from mirrorkit.throughput import bottleneck, input_clock, replica_figures
 from mirrorkit.throughput.baseline import read_baseline
 from mirrorkit.throughput.report import EpochThroughput, ThroughputReport, summary_line
 from mirrorkit.throughput.step_clock import StepClock
@@ -35,15 +35,17 @@ class ThroughputCallback(keras.callbacks.Callback):
     to the logs (so they land in ``History`` and in every logger) and appends
     an `EpochThroughput` to ``.report``.
 
-    In a multi-worker job each worker also times its own work in each step,
-    from the step's start until its gradients are ready for the all-reduce
-    (measured inside the compiled step and read once an epoch); at epoch end
-    the workers exchange their medians with one collective. A worker whose
-    median exceeds the median of the others' by more than `straggler_factor`
-    and by at least `straggler_min_gap_s` is flagged as a straggler. The
-    slowest worker's median over the median step time is the epoch's
-    ``compute_share``: how much of each step is computation, and so how much
-    the all-reduce, input and host work cost.
+    With several replicas (on one host or across workers) each replica also
+    times its own work in each step, inside the compiled step, read once an
+    epoch (`StepClock`): from the step's start until its gradients are ready
+    for the all-reduce (its compute), then until the all-reduce ends (the
+    transfer, and its wait for the slowest replica), then until the step
+    ends (the update). At epoch end the workers exchange their replicas'
+    medians with one collective. A replica (or worker) whose compute median
+    exceeds the median of the others' by more than `straggler_factor` and by
+    at least `straggler_min_gap_s` is flagged as slow. The slowest replica's
+    medians over the median step time are the epoch's ``compute_share``,
+    ``communication_share`` and ``update_share``: where a step's time goes.
 
     Input wait is measured per step inside the compiled step (see
     `input_clock`): the time until this worker's own batch is there, never
@@ -132,14 +134,16 @@ class ThroughputCallback(keras.callbacks.Callback):
     # Keras hooks
 
     def set_model(self, model: keras.Model) -> None:
-        """Instruments the model's step in a multi-worker job (see `StepClock`)."""
+        """Instruments the model's step under several replicas (see `StepClock`)."""
         super().set_model(model)
-        if workers_lib.num_workers(model.distribute_strategy) > 1 and not self._clock.installed:
+        strategy = model.distribute_strategy
+        several = strategy.num_replicas_in_sync > 1 or workers_lib.num_workers(strategy) > 1
+        if several and not self._clock.installed:
             if not self._clock.install(model):
                 chief.say_once(
                     "throughput-no-clock",
                     "ThroughputCallback: the optimizer has no gradient all-reduce to time; "
-                    "stragglers cannot be told apart",
+                    "slow replicas and stragglers cannot be told apart",
                 )
 
     def on_train_begin(self, logs: dict | None = None) -> None:
@@ -213,14 +217,27 @@ class ThroughputCallback(keras.callbacks.Callback):
         waits = self._input_clock.read_new()
         own_wait = input_clock.wait_share(waits, times) if self._steps_per_call() == 1 else None
         own_host = float(np.sum(self._host_times) / times.sum()) if times.sum() > 0 else None
-        compute = self._clock.read_new() if self._clock.installed else np.zeros(0)
-        worker_medians, worker_waits, worker_hosts = self._gather_worker_figures(
-            compute, own_wait, own_host
+        first_of_fit = not self.report.epochs
+        medians = None
+        if self._clock.installed:  # the warm-up steps of a fit's first epoch are left out
+            skip = self.warmup_steps if first_of_fit else 0
+            medians = replica_figures.local_medians(self._clock.read_new(), skip)
+        medians, worker_waits, worker_hosts = self._gather_worker_figures(
+            medians, own_wait, own_host
         )
         if times.size == 0:
             return
-        first_of_fit = not self.report.epochs
-        figures = self._figures(epoch + 1, times, worker_medians)
+        figures = self._figures(epoch + 1, times, [])
+        if medians is not None:
+            batch = self.report.global_batch_size
+            replica_figures.fill(
+                figures,
+                medians,
+                self.report.num_workers,
+                batch / self.report.num_replicas if batch else None,
+                self.straggler_factor,
+                self.straggler_min_gap_s,
+            )
         figures.input_wait_share, figures.host_share = own_wait, own_host
         waiting_worker = host_worker = None
         if worker_waits and None not in worker_waits:
@@ -235,6 +252,8 @@ class ThroughputCallback(keras.callbacks.Callback):
             figures.input_wait_share,
             figures.compute_share,
             waiting_worker,
+            communication_share=figures.communication_share,
+            replica_wait_share=figures.replica_wait_share,
             host_share=figures.host_share,
             host_worker=host_worker,
             # The first epoch of each fit (epoch 0, or where a resume starts) traces the step.
@@ -344,22 +363,26 @@ class ThroughputCallback(keras.callbacks.Callback):
         step_hooks.register(self.model, self._timer)
 
     def _gather_worker_figures(
-        self, compute: np.ndarray, input_wait: float | None, host: float | None
-    ) -> tuple[list[float], list[float | None], list[float | None]]:
-        """Every worker's median own-work time, input-wait and host shares, by one collective."""
+        self, medians: np.ndarray | None, input_wait: float | None, host: float | None
+    ) -> tuple[np.ndarray | None, list[float | None], list[float | None]]:
+        """Every replica's interval medians, and every worker's input-wait and host shares.
+
+        One collective across workers (none on one worker): each worker sends its own
+        replicas' medians (`replica_figures.local_medians`) and its two shares.
+
+        Returns:
+            The medians of every replica in global order (shape (replicas, intervals); None
+            without a clock), and the workers' input-wait and host shares (empty on one).
+        """
         workers = self.report.num_workers
-        if workers < 2 or not self._clock.installed:
-            return [], [], []
-        skip = (
-            min(self.warmup_steps, max(compute.size - 1, 0)) if len(self.report.epochs) == 0 else 0
-        )
-        mine = float(np.median(compute[skip:])) if compute.size else 0.0
+        if workers < 2 or medians is None:
+            return medians, [], []
         shares = [-1.0 if v is None else v for v in (input_wait, host)]  # none: -1
-        table = workers_lib.gather(self.model.distribute_strategy, [mine, *shares])
+        table = workers_lib.gather(self.model.distribute_strategy, [*medians.ravel(), *shares])
         return (
-            [float(v) for v in table[:, 0]],
-            [None if v < 0 else float(v) for v in table[:, 1]],
-            [None if v < 0 else float(v) for v in table[:, 2]],
+            table[:, :-2].reshape(-1, medians.shape[1]),
+            [None if v < 0 else float(v) for v in table[:, -2]],
+            [None if v < 0 else float(v) for v in table[:, -1]],
         )
 
     def _write_tensorboard(self, figures: EpochThroughput) -> None:
@@ -372,13 +395,25 @@ class ThroughputCallback(keras.callbacks.Callback):
                 "step_time_p90_s",
                 "scaling_efficiency",
                 "spread",
+                "replica_spread",
                 "compute_share",
+                "communication_share",
+                "update_share",
                 "input_wait_share",
                 "host_share",
             ):
                 value = getattr(figures, key)
                 if value is not None:
                     tf.summary.scalar(f"throughput/{key}", value, step=figures.epoch)
+            for key, name in (
+                ("replica_compute_median_s", "compute_s"),
+                ("replica_all_reduce_median_s", "all_reduce_s"),
+                ("replica_examples_per_sec", "examples_per_sec"),
+            ):  # one scalar a replica: a slow GPU stands out in the dashboard
+                for replica, value in enumerate(getattr(figures, key)):
+                    tf.summary.scalar(
+                        f"throughput/replica_{replica}/{name}", value, step=figures.epoch
+                    )
         self._writer.flush()
 
 

@@ -28,7 +28,9 @@ _COLUMNS = (
     ("epoch_time_s", "epoch s", "{:.2f}"),
     ("scaling_efficiency", "efficiency", "{:.3f}"),
     ("slowest_worker", "slowest worker", "{}"),
+    ("slowest_replica", "slowest replica", "{}"),
     ("compute_share", "compute share", "{:.2f}"),
+    ("communication_share", "all-reduce share", "{:.2f}"),
     ("input_wait_share", "input wait", "{:.2f}"),
     ("host_share", "host", "{:.2f}"),
     ("straggler", "straggler", "{}"),
@@ -63,9 +65,36 @@ class EpochThroughput:
         spread: slowest / fastest worker compute median.
         straggler: the worker whose compute median exceeds the median of the
             others' by more than the straggler factor, else None.
-        compute_share: the slowest worker's compute median over the median
-            step time: the share of a step that is computation; the rest is
-            the all-reduce, waiting for input and per-step host work.
+        replica_compute_median_s: each replica's median time from the start
+            of a step until its gradients were ready (its forward and backward
+            pass), in global replica order (worker 0's replicas first); empty
+            with one replica.
+        replica_all_reduce_median_s: each replica's median time from its
+            gradients ready to the all-reduce's end: the transfer, and a
+            faster replica's wait for the slowest.
+        replica_update_median_s: each replica's median time from the
+            all-reduce's end to the end of its step (the optimizer's update).
+        replica_examples_per_sec: each replica's own rate: its part of the
+            global batch over its compute and update time, the rate it would
+            reach if it never waited for the others.
+        slowest_replica: the replica with the largest compute median.
+        replica_spread: slowest / fastest replica compute median.
+        slow_replica: the replica whose compute median exceeds the median of
+            the others' by more than the straggler factor and gap, else None.
+        compute_share: the slowest replica's compute median over the median
+            step time: the share of a step that is the forward and backward
+            pass.
+        communication_share: the shortest all-reduce median of any replica over
+            the median step time (the replica that reaches the all-reduce last
+            waits for nobody: the transfer alone).
+        update_share: the slowest replica's update median over the median
+            step time.
+        replica_wait_share: the rest of the longest replica's step (its
+            compute, all-reduce and update) over the median step time: the
+            replicas start their steps, or reach the all-reduce, apart. The
+            compute, communication, update, wait, input-wait and host shares
+            add up to about a step; what is left is the strategy's own
+            dispatch and the logs' reduction.
         scaling_efficiency: per-replica examples/s over the single-replica
             baseline, when a baseline was given.
         input_wait_share: the share of step time spent waiting for the
@@ -97,7 +126,17 @@ class EpochThroughput:
     slowest_worker: int | None = None
     spread: float | None = None
     straggler: int | None = None
+    replica_compute_median_s: list[float] = dataclasses.field(default_factory=list)
+    replica_all_reduce_median_s: list[float] = dataclasses.field(default_factory=list)
+    replica_update_median_s: list[float] = dataclasses.field(default_factory=list)
+    replica_examples_per_sec: list[float] = dataclasses.field(default_factory=list)
+    slowest_replica: int | None = None
+    replica_spread: float | None = None
+    slow_replica: int | None = None
     compute_share: float | None = None
+    communication_share: float | None = None
+    update_share: float | None = None
+    replica_wait_share: float | None = None
     scaling_efficiency: float | None = None
     input_wait_share: float | None = None
     worker_input_wait_share: list[float] = dataclasses.field(default_factory=list)
@@ -156,7 +195,11 @@ class ThroughputReport:
         """Indices of the columns worth showing (multi-worker and baseline ones only if used)."""
         keep = []
         for i, (key, _, _) in enumerate(_COLUMNS):
-            if key in ("slowest_worker", "compute_share", "straggler") and self.num_workers < 2:
+            if key in ("slowest_worker", "straggler") and self.num_workers < 2:
+                continue
+            if key in ("slowest_replica", "compute_share", "communication_share") and not any(
+                getattr(e, key) is not None for e in self.epochs
+            ):
                 continue
             if key == "scaling_efficiency" and self.baseline_examples_per_sec is None:
                 continue
@@ -196,6 +239,11 @@ class ThroughputReport:
             for e in self.epochs
             if e.straggler is not None and e.worker_compute_median_s
         ]
+        lines += [
+            f"epoch {e.epoch}: slow replica: {self._slow_replica(e)}"
+            for e in self.epochs
+            if e.slow_replica is not None and e.replica_compute_median_s
+        ]
         if len(calm) == 1:
             lines.append(f"epoch {calm[0].epoch}: {calm[0].verdict}")
         elif calm:
@@ -211,6 +259,15 @@ class ThroughputReport:
             epoch.straggler,
             self.straggler_factor,
             self.straggler_min_gap_s,
+        )
+
+    def _slow_replica(self, epoch: EpochThroughput) -> str:
+        return straggler_text(
+            epoch.replica_compute_median_s,
+            epoch.slow_replica,
+            self.straggler_factor,
+            self.straggler_min_gap_s,
+            unit="replica",
         )
 
     def _repr_html_(self) -> str:
@@ -241,7 +298,10 @@ class ThroughputReport:
         from matplotlib.ticker import MaxNLocator
 
         epochs = [e.epoch for e in self.epochs]
-        figure, (rate, steps) = plt.subplots(1, 2, figsize=(10, 3.5))
+        replicas = [e for e in self.epochs if e.replica_compute_median_s]
+        panels = 3 if replicas else 2
+        figure, axes_row = plt.subplots(1, panels, figsize=(5 * panels, 3.5))
+        rate, steps = axes_row[0], axes_row[1]
         rate.plot(epochs, [e.examples_per_sec for e in self.epochs], marker="o", label="global")
         rate.plot(
             epochs,
@@ -257,7 +317,16 @@ class ThroughputReport:
             )
         steps.set(xlabel="epoch", ylabel="ms", title="Step time")
         steps.legend()
-        for axes in (rate, steps):  # whole epochs only: no 1.5 between epoch 1 and 2
+        if replicas:  # each replica's own work and its all-reduce, in the last epoch measured
+            last, per_replica = replicas[-1], axes_row[2]
+            index = list(range(len(last.replica_compute_median_s)))
+            compute = [v * 1000 for v in last.replica_compute_median_s]
+            reduce = [v * 1000 for v in last.replica_all_reduce_median_s]
+            per_replica.bar(index, compute, label="compute")
+            per_replica.bar(index, reduce, bottom=compute, label="all-reduce (and wait)")
+            per_replica.set(xlabel="replica", ylabel="ms", title=f"Per replica, epoch {last.epoch}")
+            per_replica.legend()
+        for axes in axes_row[:2]:  # whole epochs only: no 1.5 between epoch 1 and 2
             axes.xaxis.set_major_locator(MaxNLocator(integer=True))
         figure.tight_layout()
         if path is not None:
@@ -294,6 +363,21 @@ def summary_line(figures: EpochThroughput, report: ThroughputReport) -> str:
         line += f"; {figures.epoch_examples_per_sec:,.1f} examples/s end to end"
     if figures.scaling_efficiency is not None:
         line += f", scaling efficiency {figures.scaling_efficiency:.2f}"
+    if figures.replica_compute_median_s and figures.compute_share is not None:
+        line += (
+            f"; slowest replica {figures.slowest_replica} (spread {figures.replica_spread:.2f}x)"
+            f" computes {figures.compute_share:.0%} of a step, all-reduces "
+            f"{figures.communication_share:.0%}"
+        )
+        if figures.slow_replica is not None:
+            said = straggler_text(
+                figures.replica_compute_median_s,
+                figures.slow_replica,
+                report.straggler_factor,
+                report.straggler_min_gap_s,
+                unit="replica",
+            )
+            line += f"; SLOW REPLICA: {said}"
     if figures.worker_compute_median_s:
         line += (
             f"; slowest worker {figures.slowest_worker} (spread {figures.spread:.2f}x), "

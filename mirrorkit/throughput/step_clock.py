@@ -1,20 +1,30 @@
 """Time each replica's own work in a training step, inside the compiled step.
 
-In synchronous training every worker's step takes the same wall time: a fast
-worker waits in the gradient all-reduce for the slowest. What tells a slow
-worker apart is the time from the start of its step to the moment its
-gradients are ready for the all-reduce. `StepClock` records that with
-``tf.timestamp()`` in the traced step and keeps it in a ring buffer of
-per-replica variables that are read once per report, never per step.
+In synchronous training every replica's step takes the same wall time: a fast
+replica waits in the gradient all-reduce for the slowest. What tells a slow
+replica (or worker) apart is the time from the start of its step to the moment
+its gradients are ready for the all-reduce. `StepClock` records, with
+``tf.timestamp()`` in each replica's traced step, three intervals a step:
 
-The mark when the gradients are ready is the hook ``"step_clock"`` of
-`mirrorkit.training.gradient_hooks` (stage ``"before"``, first): it runs on
-each replica's own gradients before NaNGuard's check and before the
-all-reduce, whether compressed or not.
+- ``compute``: step start to gradients ready (the forward and backward pass);
+- ``all_reduce``: gradients ready to the all-reduce's end (the transfer, and
+  a faster replica's wait for the slowest);
+- ``update``: the all-reduce's end to the end of ``train_step`` (the
+  optimizer's update and the metrics).
+
+They are kept in a ring buffer of per-replica variables that are read once
+per report, never per step.
+
+The marks are hooks of `mirrorkit.training.gradient_hooks`: ``"step_clock"``
+(stage ``"before"``, first: on each replica's own gradients, before NaNGuard's
+check and before the all-reduce, compressed or not) and
+``"step_clock.reduced"`` (stage ``"after"``, first), and the step hook
+``"step_clock"`` around ``train_step``.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 from typing import Any
 
@@ -25,8 +35,31 @@ import tensorflow as tf
 from mirrorkit import internals
 from mirrorkit.training import gradient_hooks, step_hooks
 
-#: Steps kept between two reads of the ring buffer.
-DEFAULT_CAPACITY = 8192
+#: Steps kept between two reads of the ring buffer (an epoch's last ones, when it has more).
+DEFAULT_CAPACITY = 4096
+
+#: The intervals recorded each step, in the buffer's column order.
+INTERVALS = ("compute", "all_reduce", "update")
+
+
+@dataclasses.dataclass
+class ReplicaTimes:
+    """Seconds of each interval, per local replica and step (arrays of shape (replicas, steps)).
+
+    Attributes:
+        compute: step start to gradients ready.
+        all_reduce: gradients ready to the all-reduce's end.
+        update: the all-reduce's end to the end of the step.
+    """
+
+    compute: np.ndarray
+    all_reduce: np.ndarray
+    update: np.ndarray
+
+    @property
+    def steps(self) -> int:
+        """How many steps were read."""
+        return int(self.compute.shape[1]) if self.compute.ndim == 2 else 0
 
 
 class StepClock:
@@ -74,9 +107,10 @@ class StepClock:
         model = mk.build(make_model, mk.strategy(cpu_replicas=2))
         clock = StepClock()
         clock.install(model)
-        print([hook.name for hook in gradient_hooks.hooks(model.optimizer)])  # ['step_clock']
+        print([hook.name for hook in gradient_hooks.hooks(model.optimizer)])
+        # ['step_clock', 'step_clock.reduced']
         model.fit(keras.random.normal((64, 4)), keras.random.normal((64, 1)), verbose=0)
-        print(clock.read_new())  # seconds of own work per step, first replica
+        print(clock.read_new().compute)  # seconds of own work per step, a row per replica
         clock.uninstall()
         ```
         """
@@ -92,7 +126,7 @@ class StepClock:
         strategy = model.distribute_strategy
         with strategy.scope():
             self._buffer = tf.Variable(
-                tf.zeros([self.capacity], tf.float64),
+                tf.zeros([self.capacity, len(INTERVALS)], tf.float32),
                 trainable=False,
                 synchronization=tf.VariableSynchronization.ON_READ,
                 aggregation=tf.VariableAggregation.SUM,
@@ -104,32 +138,66 @@ class StepClock:
                 aggregation=tf.VariableAggregation.SUM,
             )
         self._read_upto = 0
-        starts: dict[int, tf.Tensor] = {}
+        # Per replica (its tracing thread): the step's start, then its gradients' ready time.
+        marks: dict[int, dict[str, tf.Tensor]] = {}
 
         def timed_train_step(call_next, data, *args, **kwargs):
             start = tf.timestamp()
-            starts[threading.get_ident()] = start
+            mine = marks[threading.get_ident()] = {"start": start}
             with tf.control_dependencies([start]):
                 data = tf.nest.map_structure(_after, data)
-            return call_next(data, *args, **kwargs)
+            logs = call_next(data, *args, **kwargs)
+            if "reduced" not in mine:  # no all-reduce ran in this step (one replica, a skip)
+                marks.pop(threading.get_ident(), None)
+                return logs
+            # After the update: each weight is read after the optimizer's assignment to it
+            # (automatic control dependencies order a variable's accesses as written).
+            done = [tf.convert_to_tensor(v) for v in self._model.trainable_variables]
+            done += [t for t in tf.nest.flatten(logs) if isinstance(t, tf.Tensor)]
+            with tf.control_dependencies(done):
+                end = tf.timestamp()
+            times = tf.cast(
+                tf.stack(
+                    [mine["ready"] - start, mine["reduced"] - mine["ready"], end - mine["reduced"]]
+                ),
+                tf.float32,
+            )
+            marks.pop(threading.get_ident(), None)
+            slot = tf.math.floormod(tf.convert_to_tensor(self._count), self.capacity)
+            # A variable synchronized on read takes no scatter in a replica context: the
+            # replica's own copy, updated in one row and assigned back.
+            updated = tf.tensor_scatter_nd_update(
+                tf.convert_to_tensor(self._buffer), [[slot]], [times]
+            )
+            with tf.control_dependencies(
+                [self._buffer.assign(updated), self._count.assign_add(1)]
+            ):
+                return tf.nest.map_structure(_after, logs)
 
         def gradients_ready(step: gradient_hooks.Gradients) -> None:
-            start = starts.pop(threading.get_ident(), None)
-            if start is not None and tf.distribute.in_cross_replica_context() is False:
+            mine = marks.get(threading.get_ident())
+            if mine is not None and tf.distribute.in_cross_replica_context() is False:
                 ready = [_dense(g) for g, _ in step.grads_and_vars if g is not None]
                 with tf.control_dependencies(ready):
-                    elapsed = tf.timestamp() - start
-                slot = tf.math.floormod(tf.convert_to_tensor(self._count), self.capacity)
-                updated = tf.tensor_scatter_nd_update(
-                    tf.convert_to_tensor(self._buffer), [[slot]], [elapsed]
-                )
-                with tf.control_dependencies(
-                    [self._buffer.assign(updated), self._count.assign_add(1)]
-                ):
+                    mine["ready"] = tf.timestamp()
+                with tf.control_dependencies([mine["ready"]]):
                     step.grads_and_vars = [(_after(g), v) for g, v in step.grads_and_vars]
 
-        self._hook = gradient_hooks.GradientHook("step_clock", gradients_ready)
-        gradient_hooks.register(optimizer, self._hook, used_for=used_for)
+        def gradients_reduced(step: gradient_hooks.Gradients) -> None:
+            mine = marks.get(threading.get_ident())
+            if mine is not None and "ready" in mine:
+                reduced = [_dense(g) for g, _ in step.grads_and_vars if g is not None]
+                with tf.control_dependencies(reduced):
+                    mine["reduced"] = tf.timestamp()
+                with tf.control_dependencies([mine["reduced"]]):
+                    step.grads_and_vars = [(_after(g), v) for g, v in step.grads_and_vars]
+
+        self._hooks = (
+            gradient_hooks.GradientHook("step_clock", gradients_ready),
+            gradient_hooks.GradientHook("step_clock.reduced", gradients_reduced),
+        )
+        for hook in self._hooks:
+            gradient_hooks.register(optimizer, hook, used_for=used_for)
         self._step_hook = step_hooks.StepHook("step_clock", timed_train_step)
         step_hooks.register(model, self._step_hook)  # traced again with the clock in place
         self._model, self._optimizer = model, optimizer
@@ -140,19 +208,27 @@ class StepClock:
         if self._model is None:
             return
         step_hooks.remove(self._model, self._step_hook)  # traced again without it next fit
-        gradient_hooks.remove(self._optimizer, self._hook)
+        for hook in self._hooks:
+            gradient_hooks.remove(self._optimizer, hook)
         self._model = self._optimizer = None
 
-    def read_new(self) -> np.ndarray:
-        """Seconds of own work of this worker's first replica, for steps since the last read."""
+    def read_new(self) -> ReplicaTimes:
+        """Every local replica's intervals for the steps since the last read (one read a call).
+
+        Returns:
+            A `ReplicaTimes` with one row per local replica, in replica order.
+        """
         if self._model is None:
-            return np.zeros(0)
+            return ReplicaTimes(*(np.zeros((0, 0)) for _ in INTERVALS))
         strategy = self._model.distribute_strategy
-        count = int(strategy.experimental_local_results(self._count)[0].numpy())
-        buffer = strategy.experimental_local_results(self._buffer)[0].numpy()
+        counts = [int(c.numpy()) for c in strategy.experimental_local_results(self._count)]
+        buffers = [b.numpy() for b in strategy.experimental_local_results(self._buffer)]
+        count = min(counts)  # every replica records every step
         first = max(self._read_upto, count - self.capacity)
         self._read_upto = count
-        return np.array([buffer[i % self.capacity] for i in range(first, count)])
+        rows = np.array([[b[i % self.capacity] for i in range(first, count)] for b in buffers])
+        rows = rows.reshape(len(buffers), count - first, len(INTERVALS))
+        return ReplicaTimes(*(rows[:, :, k] for k in range(len(INTERVALS))))
 
 
 def _dense(value):

@@ -1,9 +1,10 @@
-"""Which worker of a multi-worker job is a straggler, and how the report says it.
+"""Which worker (or replica) is a straggler, and how the report says it.
 
 A worker is a straggler when its median own-work time per step (see
 `StepClock`) exceeds the median of the other workers' by more than a factor
 and by at least a number of seconds: a ratio alone would flag 5 ms against
-2 ms, which slows no job down.
+2 ms, which slows no job down. The same rule finds a slow replica among the
+replicas of one host (a GPU on a narrow PCIe link, a throttled one).
 """
 
 from __future__ import annotations
@@ -51,28 +52,34 @@ def find_straggler(
 
 
 def straggler_text(
-    medians: list[float], worker: int, factor: float | None, min_gap_s: float | None
+    medians: list[float],
+    worker: int,
+    factor: float | None,
+    min_gap_s: float | None,
+    unit: str = "worker",
 ) -> str:
     """Names the straggler, its time against the others', and the rule that flagged it.
 
     Args:
-        medians: every worker's median own-work seconds per step.
+        medians: every worker's (or replica's) median own-work seconds per step.
         worker: the straggler.
         factor: the straggler factor it was flagged by, if known.
         min_gap_s: the gap in seconds it was flagged by, if known.
+        unit: what `medians` are of: ``"worker"`` or ``"replica"``.
 
     Example:
     ```python
     from mirrorkit.throughput.stragglers import straggler_text
 
     straggler_text([0.02, 0.2], 1, 1.5, 0.01)
-    # 'worker 1 works 200.0 ms a step, the others 20.0 ms (flagged when over 1.5x and 10 ms slower)'
+    # 'worker 1 works 200.0 ms a step, the others 20.0 ms (10.00x) (flagged when over 1.5x and
+    #  10 ms slower)'
     ```
     """
     others = float(np.median([m for i, m in enumerate(medians) if i != worker]))
     text = (
-        f"worker {worker} works {medians[worker] * 1000:.1f} ms a step, the others "
-        f"{others * 1000:.1f} ms"
+        f"{unit} {worker} works {medians[worker] * 1000:.1f} ms a step, the others "
+        f"{others * 1000:.1f} ms ({medians[worker] / others:.2f}x)"
     )
     if factor is not None and min_gap_s is not None:
         text += f" (flagged when over {factor:g}x and {min_gap_s * 1000:g} ms slower)"

@@ -52,6 +52,8 @@ PLACES = {
     "compression": ("reduce", 0),
     # Every replica's flags, summed: the same verdict on every replica.
     "nan_guard.verdict": ("after", 10),
+    # This replica's all-reduce is over: its wait for the others and the transfer, timed.
+    "step_clock.reduced": ("after", 0),
 }
 
 #: What `ran` lists for Keras's own all-reduce when no hook replaces it.

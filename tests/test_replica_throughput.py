@@ -1,0 +1,115 @@
+"""Per-replica throughput on one host: each replica's compute, its all-reduce, a slow replica
+named, and where a step's time goes (`ThroughputCallback` with `StepClock` on 2 CPU replicas).
+"""
+
+import time
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import mirrorkit as mk
+from mirrorkit.throughput.report import summary_line
+
+SLOW_S, WORK_S = 0.04, 0.004
+
+
+class ReplicaWork(keras.layers.Layer):
+    """Sleeps WORK_S a step, and SLOW_S on replica `slow` (None: no replica is slow)."""
+
+    def __init__(self, slow=None, **kwargs):
+        super().__init__(**kwargs)
+        self.slow = slow
+
+    def compute_output_shape(self, shape):
+        return shape
+
+    def call(self, x):
+        context = tf.distribute.get_replica_context()
+        replica = context.replica_id_in_sync_group if context is not None else 0
+
+        def pause(value, replica):
+            time.sleep(SLOW_S if int(replica) == self.slow else WORK_S)
+            return value
+
+        out = tf.numpy_function(pause, [x, replica], x.dtype, stateful=True)
+        return tf.ensure_shape(out, x.shape)
+
+
+def fit_report(make_layers, features, batch, steps=16, epochs=2, replicas=2, **callback_args):
+    strategy = mk.strategy(cpu_replicas=replicas)
+
+    def make():
+        model = keras.Sequential([keras.Input((features,)), *make_layers()])
+        model.compile(optimizer="sgd", loss="mse")
+        return model
+
+    model = mk.build(make, strategy)
+    x = np.random.default_rng(0).random((batch * steps, features)).astype("float32")
+    data = mk.distribute((x, x[:, :1]), strategy, global_batch_size=batch, shuffle=False)
+    callback = mk.ThroughputCallback(warmup_steps=3, verbose=0, **callback_args)
+    model.fit(data, epochs=epochs, verbose=0, callbacks=[callback])
+    return callback.report
+
+
+@pytest.mark.parametrize("slow", [1, pytest.param(None, marks=pytest.mark.slow)])
+def test_a_replica_that_works_longer_is_named_with_its_ratio(slow):
+    report = fit_report(lambda: [ReplicaWork(slow), keras.layers.Dense(1)], 4, 16)
+    for epoch in report.epochs:
+        compute = epoch.replica_compute_median_s
+        assert len(compute) == 2 and min(compute) >= WORK_S
+        assert epoch.slow_replica == slow, epoch
+        assert len(epoch.replica_all_reduce_median_s) == len(epoch.replica_examples_per_sec) == 2
+    text = str(report)
+    if slow is None:
+        assert "slow replica" not in text
+        return
+    last = report.epochs[-1]
+    assert compute[slow] >= SLOW_S > compute[1 - slow]
+    assert last.slowest_replica == slow and last.replica_spread > 3
+    # the fast replica waits for the slow one in the all-reduce; the slow one does not wait
+    assert last.replica_all_reduce_median_s[1 - slow] > 0.8 * (SLOW_S - WORK_S)
+    assert last.replica_all_reduce_median_s[slow] < SLOW_S / 4
+    assert last.replica_examples_per_sec[1 - slow] > 3 * last.replica_examples_per_sec[slow]
+    ratio = compute[slow] / compute[1 - slow]
+    assert f"slow replica: replica {slow} works {compute[slow] * 1000:.1f} ms" in text
+    assert f"({ratio:.2f}x)" in text
+    line = summary_line(last, report)
+    assert f"SLOW REPLICA: replica {slow} works" in line and "slowest replica 1" in line
+
+
+def _dense(width, depth):
+    return lambda: [keras.layers.Dense(width) for _ in range(depth)] + [keras.layers.Dense(1)]
+
+
+def _shares(epoch):
+    return {
+        "compute": epoch.compute_share,
+        "all-reduce": epoch.communication_share,
+        "update": epoch.update_share,
+        "wait": epoch.replica_wait_share,
+        "input": epoch.input_wait_share,
+        "host": epoch.host_share,
+    }
+
+
+@pytest.mark.slow  # the quick set keeps the slow-replica test
+def test_many_weights_and_little_compute_are_communication_bound_on_one_host():
+    """12.6M weights, 8 examples a step: the all-reduce of 50 MB dominates each step."""
+    report = fit_report(_dense(2048, 3), 64, 8)
+    epoch = report.epochs[-1]
+    assert epoch.verdict.startswith("communication-bound: compute share "), epoch.verdict
+    assert epoch.communication_share > epoch.compute_share, _shares(epoch)
+    assert sum(_shares(epoch).values()) == pytest.approx(1.0, abs=0.1), _shares(epoch)
+
+
+@pytest.mark.slow
+def test_few_weights_and_much_compute_are_compute_bound_on_one_host():
+    """66k weights on 32,768 examples a step (about 50 ms): computing dominates. The CPU
+    replicas of this process share its cores, so they compute one after the other: the
+    wait share holds the other replica's compute."""
+    report = fit_report(_dense(256, 1), 256, 32768, steps=8)
+    epoch = report.epochs[-1]
+    assert epoch.verdict.startswith("compute-bound: compute share "), epoch.verdict
+    assert sum(_shares(epoch).values()) == pytest.approx(1.0, abs=0.1), _shares(epoch)

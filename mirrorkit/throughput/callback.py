@@ -13,7 +13,7 @@ from mirrorkit import internals
 from mirrorkit.cluster import chief
 from mirrorkit.cluster import workers as workers_lib
 from mirrorkit.number_checks import non_negative_int, positive_int
-from mirrorkit.throughput import bottleneck, input_clock, replica_figures
+from mirrorkit.throughput import bottleneck, input_clock, replica_figures, scalars
 from mirrorkit.throughput.baseline import read_baseline
 from mirrorkit.throughput.report import EpochThroughput, ThroughputReport, summary_line
 from mirrorkit.throughput.step_clock import StepClock
@@ -112,7 +112,7 @@ class ThroughputCallback(keras.callbacks.Callback):
                 f"got {straggler_min_gap_s!r}"
             )
         if tensorboard_dir is not None:
-            _require_tensorboard()
+            scalars.require_tensorboard()
         self.log_every = log_every
         self.warmup_steps = warmup_steps
         self.tensorboard_dir = tensorboard_dir
@@ -268,7 +268,7 @@ class ThroughputCallback(keras.callbacks.Callback):
         if self.verbose:
             chief.print(summary_line(figures, self.report))
         if self._writer is not None:
-            self._write_tensorboard(figures)
+            scalars.write(self._writer, figures)
         if self.json_path:
             directory = os.path.dirname(self.json_path)
             if directory:
@@ -384,44 +384,3 @@ class ThroughputCallback(keras.callbacks.Callback):
             [None if v < 0 else float(v) for v in table[:, -2]],
             [None if v < 0 else float(v) for v in table[:, -1]],
         )
-
-    def _write_tensorboard(self, figures: EpochThroughput) -> None:
-        with self._writer.as_default():
-            for key in (
-                "examples_per_sec",
-                "examples_per_sec_per_replica",
-                "epoch_examples_per_sec",
-                "step_time_median_s",
-                "step_time_p90_s",
-                "scaling_efficiency",
-                "spread",
-                "replica_spread",
-                "compute_share",
-                "communication_share",
-                "update_share",
-                "input_wait_share",
-                "host_share",
-            ):
-                value = getattr(figures, key)
-                if value is not None:
-                    tf.summary.scalar(f"throughput/{key}", value, step=figures.epoch)
-            for key, name in (
-                ("replica_compute_median_s", "compute_s"),
-                ("replica_all_reduce_median_s", "all_reduce_s"),
-                ("replica_examples_per_sec", "examples_per_sec"),
-            ):  # one scalar a replica: a slow GPU stands out in the dashboard
-                for replica, value in enumerate(getattr(figures, key)):
-                    tf.summary.scalar(
-                        f"throughput/replica_{replica}/{name}", value, step=figures.epoch
-                    )
-        self._writer.flush()
-
-
-def _require_tensorboard() -> None:
-    try:
-        import tensorboard  # noqa: F401
-    except ImportError:
-        raise ImportError(
-            "ThroughputCallback(tensorboard_dir=...) writes TensorBoard scalars, which needs the "
-            "tensorboard package: pip install tensorboard (or mirrorkit[tensorboard])."
-        ) from None

@@ -27,6 +27,7 @@ def write(writer, figures: EpochThroughput) -> None:
             "compute_share",
             "communication_share",
             "update_share",
+            "replica_wait_share",
             "input_wait_share",
             "host_share",
         ):

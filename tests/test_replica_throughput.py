@@ -113,3 +113,24 @@ def test_few_weights_and_much_compute_are_compute_bound_on_one_host():
     epoch = report.epochs[-1]
     assert epoch.verdict.startswith("compute-bound: compute share "), epoch.verdict
     assert sum(_shares(epoch).values()) == pytest.approx(1.0, abs=0.1), _shares(epoch)
+
+
+def test_each_replica_has_its_scalars_in_tensorboard_its_fields_in_json_and_a_plot(tmp_path):
+    report = fit_report(
+        lambda: [ReplicaWork(1), keras.layers.Dense(1)], 4, 16, epochs=1,
+        tensorboard_dir=str(tmp_path / "tb"), json_path=str(tmp_path / "report.json"),
+    )  # fmt: skip
+    tags = set()
+    for path in (tmp_path / "tb").iterdir():
+        for event in tf.compat.v1.train.summary_iterator(str(path)):
+            tags.update(value.tag for value in event.summary.value)
+    for replica in (0, 1):
+        for name in ("compute_s", "all_reduce_s", "examples_per_sec"):
+            assert f"throughput/replica_{replica}/{name}" in tags, sorted(tags)
+    assert {"throughput/compute_share", "throughput/communication_share"} <= tags
+    import json
+
+    (epoch,) = json.loads((tmp_path / "report.json").read_text())["epochs"]
+    assert epoch["slow_replica"] == 1 and len(epoch["replica_compute_median_s"]) == 2
+    figure = report.plot(str(tmp_path / "throughput.png"))
+    assert len(figure.axes) == 3 and figure.axes[2].get_title() == "Per replica, epoch 1"

@@ -69,6 +69,10 @@ class ThroughputCallback(keras.callbacks.Callback):
         global_batch_size: examples per step; read from the model's loss
             tracker after the first step when None.
         verbose: 0 silent, 1 one line per epoch (chief only).
+        replica_timing: time each replica's compute, all-reduce and update
+            inside the step (with several replicas). False leaves the step as
+            Keras traced it: no per-replica figures, no slow replica, and a
+            verdict from input wait and host work alone.
 
     Example:
     ```python
@@ -100,6 +104,7 @@ class ThroughputCallback(keras.callbacks.Callback):
         straggler_min_gap_s: float = STRAGGLER_MIN_GAP_S,
         global_batch_size: int | None = None,
         verbose: int = 1,
+        replica_timing: bool = True,
     ):
         super().__init__()
         positive_int(log_every, "log_every", or_none=True)
@@ -122,6 +127,7 @@ class ThroughputCallback(keras.callbacks.Callback):
         self.straggler_min_gap_s = straggler_min_gap_s
         self.global_batch_size = global_batch_size
         self.verbose = verbose
+        self.replica_timing = replica_timing
         self.report = ThroughputReport(
             0, 1, global_batch_size, self.baseline, straggler_factor, straggler_min_gap_s
         )
@@ -138,7 +144,7 @@ class ThroughputCallback(keras.callbacks.Callback):
         super().set_model(model)
         strategy = model.distribute_strategy
         several = strategy.num_replicas_in_sync > 1 or workers_lib.num_workers(strategy) > 1
-        if several and not self._clock.installed:
+        if several and self.replica_timing and not self._clock.installed:
             if not self._clock.install(model):
                 chief.say_once(
                     "throughput-no-clock",

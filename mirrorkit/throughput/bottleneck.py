@@ -24,6 +24,8 @@ COMMUNICATION_BOUND_SHARE = 0.7
 ALL_REDUCE_BOUND_SHARE = 0.3
 #: From this share of a step spent with the replicas apart, the verdict says so.
 REPLICA_WAIT_SHARE = 0.1
+#: From this share of a step that no measured part explains, the verdict says so.
+DISPATCH_SHARE = 0.2
 
 
 def verdict(
@@ -36,6 +38,7 @@ def verdict(
     epoch_overhead_share: float | None = None,
     communication_share: float | None = None,
     replica_wait_share: float | None = None,
+    dispatch_share: float | None = None,
 ) -> str | None:
     """One line: input-, communication- or compute-bound, with the fix to try.
 
@@ -59,6 +62,8 @@ def verdict(
             replicas).
         replica_wait_share: the share of a step the replicas spend apart
             (starting late, or waiting for each other), where it was timed.
+        dispatch_share: the share of a step none of the others explains: the
+            strategy's own work around the replicas' steps.
 
     Returns:
         The verdict, or None when nothing was measured.
@@ -115,6 +120,11 @@ def verdict(
             shares += (
                 f", replicas apart {replica_wait_share:.2f} (they start their steps apart: "
                 "CPU replicas share the host's cores)"
+            )
+        if dispatch_share is not None and dispatch_share >= DISPATCH_SHARE:
+            shares += (
+                f", dispatch {dispatch_share:.2f} (the strategy starting the replicas' steps and "
+                "reducing the logs: a larger per-replica batch makes it smaller)"
             )
         return f"compute-bound: {shares}" + (f", {waiting}" if waiting else "")
     return f"not input-bound: {waiting}"

@@ -254,12 +254,14 @@ class ThroughputCallback(keras.callbacks.Callback):
             figures.worker_host_share = worker_hosts
             host_worker = int(np.argmax(worker_hosts))
             figures.host_share = worker_hosts[host_worker]
+        figures.dispatch_share = replica_figures.dispatch_share(figures)
         figures.verdict = bottleneck.verdict(
             figures.input_wait_share,
             figures.compute_share,
             waiting_worker,
             communication_share=figures.communication_share,
             replica_wait_share=figures.replica_wait_share,
+            dispatch_share=figures.dispatch_share,
             host_share=figures.host_share,
             host_worker=host_worker,
             # The first epoch of each fit (epoch 0, or where a resume starts) traces the step.

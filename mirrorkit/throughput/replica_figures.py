@@ -72,9 +72,10 @@ def fill(
             figures.replica_examples_per_sec = [
                 float(per_replica_batch / own) for own in compute + update
             ]
-        figures.slowest_replica = slowest
-        figures.replica_spread = float(compute.max() / compute.min())
-        figures.slow_replica = find_straggler(list(compute), factor, min_gap_s)
+        if len(compute) > num_workers:  # one replica a worker: the worker figures say it
+            figures.slowest_replica = slowest
+            figures.replica_spread = float(compute.max() / compute.min())
+            figures.slow_replica = find_straggler(list(compute), factor, min_gap_s)
     if step > 0:
         figures.compute_share = float(compute[slowest] / step)
         figures.communication_share = float(all_reduce.min() / step)
@@ -88,3 +89,21 @@ def fill(
         figures.slowest_worker = int(np.argmax(per_worker))
         figures.spread = float(per_worker.max() / per_worker.min())
         figures.straggler = find_straggler(list(per_worker), factor, min_gap_s)
+
+
+def dispatch_share(figures: EpochThroughput) -> float | None:
+    """What the measured shares leave of a step (the strategy's own work), or None unmeasured.
+
+    Args:
+        figures: an epoch's figures, its shares (`fill`) and input-wait and host shares in.
+    """
+    shares = (
+        figures.compute_share,
+        figures.communication_share,
+        figures.update_share,
+        figures.replica_wait_share,
+    )
+    if None in shares:
+        return None
+    rest = 1.0 - sum(shares) - (figures.input_wait_share or 0.0) - (figures.host_share or 0.0)
+    return max(rest, 0.0)

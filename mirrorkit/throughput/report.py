@@ -77,7 +77,8 @@ class EpochThroughput:
         replica_examples_per_sec: each replica's own rate: its part of the
             global batch over its compute and update time, the rate it would
             reach if it never waited for the others.
-        slowest_replica: the replica with the largest compute median.
+        slowest_replica: the replica with the largest compute median (None
+            with one replica a worker: the worker figures say it).
         replica_spread: slowest / fastest replica compute median.
         slow_replica: the replica whose compute median exceeds the median of
             the others' by more than the straggler factor and gap, else None.
@@ -93,8 +94,9 @@ class EpochThroughput:
             compute, all-reduce and update) over the median step time: the
             replicas start their steps, or reach the all-reduce, apart. The
             compute, communication, update, wait, input-wait and host shares
-            add up to about a step; what is left is the strategy's own
-            dispatch and the logs' reduction.
+            add up to about a step.
+        dispatch_share: what they leave of a step: the strategy's own work
+            (starting each replica's step, reducing the logs).
         scaling_efficiency: per-replica examples/s over the single-replica
             baseline, when a baseline was given.
         input_wait_share: the share of step time spent waiting for the
@@ -137,6 +139,7 @@ class EpochThroughput:
     communication_share: float | None = None
     update_share: float | None = None
     replica_wait_share: float | None = None
+    dispatch_share: float | None = None
     scaling_efficiency: float | None = None
     input_wait_share: float | None = None
     worker_input_wait_share: list[float] = dataclasses.field(default_factory=list)
@@ -363,7 +366,7 @@ def summary_line(figures: EpochThroughput, report: ThroughputReport) -> str:
         line += f"; {figures.epoch_examples_per_sec:,.1f} examples/s end to end"
     if figures.scaling_efficiency is not None:
         line += f", scaling efficiency {figures.scaling_efficiency:.2f}"
-    if figures.replica_compute_median_s and figures.compute_share is not None:
+    if figures.slowest_replica is not None and figures.compute_share is not None:
         line += (
             f"; slowest replica {figures.slowest_replica} (spread {figures.replica_spread:.2f}x)"
             f" computes {figures.compute_share:.0%} of a step, all-reduces "

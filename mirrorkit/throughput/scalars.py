@@ -28,6 +28,7 @@ def write(writer, figures: EpochThroughput) -> None:
             "communication_share",
             "update_share",
             "replica_wait_share",
+            "dispatch_share",
             "input_wait_share",
             "host_share",
         ):

@@ -123,8 +123,8 @@ def verdict(
             )
         if dispatch_share is not None and dispatch_share >= DISPATCH_SHARE:
             shares += (
-                f", dispatch {dispatch_share:.2f} (the strategy starting the replicas' steps and "
-                "reducing the logs: a larger per-replica batch makes it smaller)"
+                f", dispatch {dispatch_share:.2f} (the strategy's own work around the replicas' "
+                "steps; a larger per-replica batch makes it smaller)"
             )
         return f"compute-bound: {shares}" + (f", {waiting}" if waiting else "")
     return f"not input-bound: {waiting}"

@@ -68,12 +68,27 @@ def _has_gpus() -> bool:
     return bool(tf.config.list_physical_devices("GPU"))
 
 
-def _model_and_data(name, strategy, per_replica_batch, raw, compression=None, step_logs="averaged"):
+def _model_and_data(
+    name, strategy, per_replica_batch, raw, compression=None, step_logs="averaged", data=None
+):
     import tensorflow as tf
 
     import mirrorkit as mk
-    from mirrorkit.bench import models
+    from mirrorkit.bench import models, user_model
 
+    if user_model.is_spec(name):  # a model of yours: module:function, or the function itself
+        make_model = user_model.load(name) if isinstance(name, str) else name
+        make_data = user_model.load(data, "--data") if isinstance(data, str) else data
+        model = user_model.build(
+            make_model, strategy, gradient_compression=compression, step_logs=step_logs
+        )
+        one_each = user_model.examples(model, make_data)
+        examples = mk.distribute(
+            lambda context=None: one_each.repeat(),
+            strategy,
+            per_replica_batch_size=per_replica_batch,
+        )
+        return model, examples
     spec = models.get(name)
     example = models.synthetic_example(spec)
 
@@ -107,26 +122,39 @@ def train_rate(
     compression: str | None = None,
     bucket_mb: float | None = None,
     step_logs: str = "averaged",
+    data: Any = None,
 ) -> dict[str, Any]:
     """Trains `repeats` timed epochs of `steps` steps after one warm-up epoch.
 
+    `model_name` is a bundled model's name, ``module:function`` or a function returning a
+    compiled model (`mirrorkit.bench.user_model`); `data` its examples' function, if any.
+
     Returns:
         ``examples_per_sec`` (global, median over repeats), the per-repeat
-        rates, and the replica and worker counts.
+        rates, the replica and worker counts, and the last epoch's throughput
+        verdict and shares (`ThroughputCallback`).
     """
+    import mirrorkit as mk
+
     strategy = _strategy(replicas, raw, bucket_mb)
     model, data = _model_and_data(
-        model_name, strategy, per_replica_batch, raw, compression, step_logs
+        model_name, strategy, per_replica_batch, raw, compression, step_logs, data
     )
     clock = EpochClock()
-    model.fit(data, epochs=repeats + 1, steps_per_epoch=steps, verbose=0, callbacks=[clock])
+    throughput = mk.ThroughputCallback(verbose=0, warmup_steps=min(5, steps - 1))
+    callbacks = [clock] if raw else [clock, throughput]
+    model.fit(data, epochs=repeats + 1, steps_per_epoch=steps, verbose=0, callbacks=callbacks)
     global_batch = per_replica_batch * strategy.num_replicas_in_sync
     rates = [global_batch * steps / t for t in clock.epoch_times[1:]]
+    last = throughput.report.epochs[-1] if throughput.report.epochs else None
     return {
         "examples_per_sec": statistics.median(rates),
         "rates": rates,
         "replicas": strategy.num_replicas_in_sync,
         "global_batch_size": global_batch,
+        "verdict": last.verdict if last else None,
+        "compute_share": last.compute_share if last else None,
+        "communication_share": last.communication_share if last else None,
     }
 
 

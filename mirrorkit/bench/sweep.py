@@ -84,6 +84,7 @@ def scaling(
     step_logs: str = "averaged",
     raw: bool = False,
     progress: Callable[[str], None] = print,
+    data: Any = None,
 ) -> list[dict[str, Any]]:
     """Throughput for each replica count (one worker) and each worker count (one replica each).
 
@@ -98,6 +99,7 @@ def scaling(
         rounds' ratios), efficiency_per_round, pinned cores.
     """
     configs = sorted({(r, 1) for r in replicas} | {(1, w) for w in workers}, key=_order)
+    label = model if isinstance(model, str) else getattr(model, "__name__", "your model")
     if workers and max(workers) > 1 and cores_per_worker is None:
         cores_per_worker = max(1, len(pinning.available_cpus() or [0]) // max(workers))
     runs: dict[tuple[int, int], list[dict[str, Any]]] = {config: [] for config in configs}
@@ -112,11 +114,13 @@ def scaling(
             where = f", cores {pinning.describe(cores)}" if cores else ""
             of_rounds = f" (round {round_}/{rounds})" if rounds > 1 else ""
             progress(
-                f"[{number}/{len(configs)}] {model}: {r} replica(s) x {w} worker(s){where}"
+                f"[{number}/{len(configs)}] {label}: {r} replica(s) x {w} worker(s){where}"
                 f"{of_rounds} ..."
             )
             args = (model, r, per_replica_batch, steps, repeats, False, compression, bucket_mb)
-            chief = run_config(measure.train_rate, (*args, step_logs), workers=w, cores=cores)[0]
+            chief = run_config(
+                measure.train_rate, (*args, step_logs, data), workers=w, cores=cores
+            )[0]
             chief["cores"] = cores
             runs[(r, w)].append(chief)
             per_replica = chief["examples_per_sec"] / chief["replicas"]
@@ -147,7 +151,7 @@ def _row(model, workers, runs, compression, bucket_mb, step_logs) -> dict[str, A
     per_round = [run["examples_per_sec"] for run in runs]
     rate = statistics.median(per_round)
     return {
-        "model": model,
+        "model": model if isinstance(model, str) else getattr(model, "__name__", repr(model)),
         "replicas": total_replicas if workers == 1 else 1,
         "workers": workers,
         "global_batch_size": runs[0]["global_batch_size"],
@@ -161,6 +165,9 @@ def _row(model, workers, runs, compression, bucket_mb, step_logs) -> dict[str, A
         "bucket_mb": bucket_mb,
         "step_logs": step_logs,
         "launcher": "mirrorkit",
+        "verdict": runs[-1].get("verdict"),
+        "compute_share": runs[-1].get("compute_share"),
+        "communication_share": runs[-1].get("communication_share"),
     }
 
 

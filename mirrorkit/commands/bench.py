@@ -10,7 +10,7 @@ import sys
 import time
 from typing import Any
 
-from mirrorkit import tables
+from mirrorkit.bench.results import format_table, plot
 from mirrorkit.exit_statuses import BAD_ARGUMENTS, OK
 
 #: The bundled models (`mirrorkit.bench.models.MODELS`), named here so that
@@ -165,25 +165,6 @@ def run(args: argparse.Namespace) -> int:
     return OK
 
 
-def format_table(rows: list[dict[str, Any]]) -> str:
-    """The scaling table: replicas, workers, global and per-replica examples/s, efficiency."""
-    headers = ["replicas", "workers", "pinned", "examples/s", "per replica", "efficiency"]
-    raw = any(r.get("launcher") == "raw" for r in rows)
-    body = [
-        ([r.get("launcher", "mirrorkit")] if raw else [])
-        + [
-            str(r["replicas"]),
-            str(r["workers"]),
-            "yes" if r["pinned"] else "no",
-            f"{r['examples_per_sec']:,.1f}",
-            f"{r['examples_per_sec_per_replica']:,.1f}",
-            "-" if r["scaling_efficiency"] is None else f"{r['scaling_efficiency']:.3f}",
-        ]
-        for r in rows
-    ]
-    return tables.columns((["launcher"] if raw else []) + headers, body)
-
-
 def raw_workers_summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
     """Both weak-scaling efficiencies of the most workers: mirrorkit launch's and the raw job's."""
     from mirrorkit.bench import measure
@@ -224,30 +205,3 @@ def format_allreduce(result: dict[str, Any]) -> str:
         )
     lines.append(f"memcpy bandwidth on this machine: {result['memcpy_bytes_per_s'] / 1e9:.2f} GB/s")
     return "\n".join(lines)
-
-
-def plot(results: dict[str, Any], path: str) -> str | None:
-    """Saves examples/s per configuration as a PNG; None when matplotlib is not installed."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        print("(pip install matplotlib for a PNG plot of these results)", file=sys.stderr)
-        return None
-    rows = results["results"]
-    labels = [
-        f"{r['replicas']}r x {r['workers']}w" + (" raw" if r.get("launcher") == "raw" else "")
-        for r in rows
-    ]
-    figure, axis = plt.subplots(figsize=(6, 3.5))
-    axis.bar(labels, [r["examples_per_sec"] for r in rows])
-    for i, r in enumerate(rows):
-        if r["scaling_efficiency"] is not None:
-            axis.annotate(f"{r['scaling_efficiency']:.2f}", (i, r["examples_per_sec"]), ha="center")
-    axis.set(ylabel="examples/s", title=f"mirrorkit bench: {results['model']}")
-    figure.tight_layout()
-    figure.savefig(path)
-    plt.close(figure)
-    return path

@@ -127,7 +127,9 @@ def test_a_command_error_goes_to_stderr(capsys):
 PRIVATE_MODULES = ("keras.src", "tensorflow.python")
 INTERNALS = PACKAGE / "internals.py"
 #: The one module that imports by a computed name: its lazy table of mirrorkit's public names.
-COMPUTED_IMPORTS = (PACKAGE / "__init__.py",)
+#: Imports by a computed name: the public names (lazily), and a user's own module for
+#: `mirrorkit bench --model module:function`.
+COMPUTED_IMPORTS = (PACKAGE / "__init__.py", PACKAGE / "bench" / "user_model.py")
 IMPORT_CALLS = (
     "importlib.import_module",
     "importlib.__import__",
@@ -451,6 +453,7 @@ def test_the_step_wrapping_check_sees_a_wrapper():
 #: Writers to stderr that are not notices, and why a user's logging must not silence them.
 STDERR_NOT_NOTICES = {
     "bench/sweep.py": "mirrorkit bench's progress lines, a command's own output",
+    "bench/results.py": "mirrorkit bench's hint to install matplotlib for its PNG",
     "faults/_peer_wait_watcher.py": "a watcher process's last words before it kills the job",
     "faults/step_timeout.py": "a hung step's last words, before the stacks and the exit",
 }

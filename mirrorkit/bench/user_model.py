@@ -93,7 +93,7 @@ def _import(name: str):
     return importlib.import_module(name)
 
 
-def build(make_model: Callable[[], Any], strategy: Any, **build_args: Any):
+def build(make_model: Callable[[], Any], strategy: Any, **build_args: Any) -> Any:
     """``make_model()`` built under `strategy` (`mk.build`), checked to be a compiled model.
 
     Raises:
@@ -116,6 +116,18 @@ def build(make_model: Callable[[], Any], strategy: Any, **build_args: Any):
             "loss=...) in it, as for fit"
         )
     return model
+
+
+def check(make_model: Callable[[], Any], make_data: Callable[[], Any] | None) -> None:
+    """Builds the model once, outside any strategy, and checks it and its data before a run.
+
+    Raises:
+        TypeError: not a compiled Keras model, or data that is not a ``tf.data.Dataset``.
+        ValueError: examples that do not fit the model's inputs.
+    """
+    import tensorflow as tf
+
+    examples(build(make_model, tf.distribute.get_strategy()), make_data)
 
 
 def examples(model: Any, make_data: Callable[[], Any] | None):
@@ -187,17 +199,18 @@ def _check_fits(model: Any, data: Any, name: str) -> None:
             f"--data {name}() gives {len(given)} input(s) an example, the model takes "
             f"{len(inputs)}"
         )
-    for got, want in zip(given, inputs, strict=True):
+    for index, (got, want) in enumerate(zip(given, inputs, strict=True)):
         expected = tuple(want.shape[1:])
-        if got.shape.rank is not None and got.shape.rank != len(expected):
+        fits = got.shape.rank is None or (
+            got.shape.rank == len(expected)
+            and all(
+                a is None or b is None or a == b
+                for a, b in zip(got.shape, expected, strict=True)
+            )
+        )
+        if not fits:
             raise ValueError(
                 f"--data {name}() gives examples of shape {tuple(got.shape)}, the model's input "
-                f"{want.name!r} takes {expected} (one example: no batch dimension; the benchmark "
+                f"{index} takes {expected} (one example, no batch dimension: the benchmark "
                 "batches them)"
             )
-        for a, b in zip(got.shape, expected, strict=True):
-            if a is not None and b is not None and a != b:
-                raise ValueError(
-                    f"--data {name}() gives examples of shape {tuple(got.shape)}, the model's "
-                    f"input {want.name!r} takes {expected}"
-                )

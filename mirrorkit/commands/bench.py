@@ -20,7 +20,16 @@ MODEL_NAMES = ("cnn", "mlp", "resnet", "transformer")
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Adds `mirrorkit bench`'s flags to `parser`."""
-    parser.add_argument("--model", default="cnn", choices=MODEL_NAMES, help="benchmark model")
+    parser.add_argument(
+        "--model", default="cnn",
+        help=f"a bundled model ({', '.join(MODEL_NAMES)}), or yours: module:function or "
+        "path/to/file.py:function returning a compiled Keras model",
+    )  # fmt: skip
+    parser.add_argument(
+        "--data", default=None,
+        help="with a model of yours: module:function returning a tf.data.Dataset of single "
+        "(x, y) examples (default: random inputs of the model's shapes, zero labels)",
+    )  # fmt: skip
     parser.add_argument(
         "--replicas", default="1,2", help="replica counts to sweep in one process (default 1,2)"
     )
@@ -80,6 +89,52 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )  # fmt: skip
 
 
+def _yours(args: argparse.Namespace) -> bool:
+    """Whether --model names a model of yours; checks it (and --data) imports.
+
+    Raises:
+        ValueError: an unknown bundled name, a function that does not import, --data
+            without a model of yours, or an A/B comparison asked of a model of yours.
+    """
+    from mirrorkit.bench import user_model
+
+    if args.model in MODEL_NAMES:
+        if args.data is not None:
+            raise ValueError("--data goes with a model of yours (--model module:function)")
+        return False
+    if ":" not in args.model:
+        raise ValueError(
+            f"unknown --model {args.model!r}: choose one of {', '.join(MODEL_NAMES)}, or give "
+            "yours as module:function (or path/to/file.py:function)"
+        )
+    extras = [f for f in ("compare_raw", "input_pipeline", "callback_overhead") if getattr(args, f)]
+    if extras:
+        flags = ", ".join("--" + f.replace("_", "-") for f in extras)
+        raise ValueError(f"{flags} compare(s) a bundled model; drop it with --model {args.model}")
+    make_model = user_model.load(args.model)
+    make_data = None if args.data is None else user_model.load(args.data, "--data")
+    try:
+        user_model.check(make_model, make_data)
+    except TypeError as err:
+        raise ValueError(str(err)) from err
+    return True
+
+
+def _file_name(model: str) -> str:
+    """A file-name part for `model`: its name, or a model of yours' function name."""
+    return model.rpartition(":")[2] if ":" in model else model
+
+
+def format_verdicts(rows: list[dict[str, Any]]) -> str:
+    """Each configuration's throughput verdict (its last timed epoch), one line each."""
+    lines = ["verdicts (ThroughputCallback, the last timed epoch of each):"]
+    for row in rows:
+        if row.get("verdict"):
+            where = f"{row['replicas']} replica(s) x {row['workers']} worker(s)"
+            lines.append(f"  {where}: {row['verdict']}")
+    return "\n".join(lines)
+
+
 def _counts(text: str, flag: str) -> list[int]:
     try:
         counts = [int(part) for part in text.split(",") if part.strip()]
@@ -92,17 +147,21 @@ def _counts(text: str, flag: str) -> list[int]:
 
 def run(args: argparse.Namespace) -> int:
     """Runs the benchmark described by parsed `args`; returns the exit code."""
-    from mirrorkit.bench import models, sweep
+    from mirrorkit.bench import models, sweep, user_model
 
     try:
         replicas = _counts(args.replicas, "--replicas")
         workers = _counts(args.workers, "--workers")
         if args.steps < 1 or args.repeats < 1 or args.rounds < 1:
             raise ValueError("--steps, --repeats and --rounds must be at least 1")
+        yours = _yours(args)
     except ValueError as err:
         print(f"mirrorkit bench: {err}", file=sys.stderr)
         return BAD_ARGUMENTS
-    batch = args.batch_size or models.get(args.model).default_batch
+    if yours:
+        batch = args.batch_size or user_model.DEFAULT_BATCH
+    else:
+        batch = args.batch_size or models.get(args.model).default_batch
     progress = sweep.stderr_progress
     started = time.time()
     results: dict[str, Any] = {
@@ -119,9 +178,10 @@ def run(args: argparse.Namespace) -> int:
         pin=args.pin, cores_per_worker=args.cores_per_worker,
         compression=args.compression, bucket_mb=args.bucket_mb, rounds=args.rounds,
         step_logs=args.step_logs, raw=args.compare_raw,
-        progress=progress,
+        progress=progress, data=args.data,
     )  # fmt: skip
     print(format_table(results["results"]))
+    print(format_verdicts(results["results"]))
     if args.compare_raw and max(workers) > 1:
         results["compare_raw_workers"] = raw_workers_summary(results["results"])
         print(format_raw_workers(results["compare_raw_workers"]))
@@ -155,11 +215,12 @@ def run(args: argparse.Namespace) -> int:
     results["seconds"] = time.time() - started
     out = args.out or os.path.join(os.getcwd(), "mirrorkit-bench")
     os.makedirs(out, exist_ok=True)
-    json_path = os.path.join(out, f"bench-{args.model}.json")
+    name = _file_name(args.model)
+    json_path = os.path.join(out, f"bench-{name}.json")
     with open(json_path, "w") as f:
         json.dump(results, f, indent=2)
     print(f"results: {json_path}")
-    png = plot(results, os.path.join(out, f"bench-{args.model}.png"))
+    png = plot(results, os.path.join(out, f"bench-{name}.png"))
     if png:
         print(f"plot: {png}")
     return OK

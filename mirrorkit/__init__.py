@@ -45,6 +45,7 @@ _PUBLIC = {
     "synchronize_batch_norm": "mirrorkit.scale.batchnorm",
     "EquivalenceReport": "mirrorkit.scale.equivalence_report",
     "plan_memory": "mirrorkit.scale.memory",
+    "benchmark": "mirrorkit.bench.benchmark",
     "flags": "mirrorkit.flags",
     "resumable": "mirrorkit.faults.backup",
     "PreemptionCheckpoint": "mirrorkit.faults.preemption_checkpoint",

@@ -12,6 +12,7 @@ that it names exactly what ``_PUBLIC`` names.
 from mirrorkit import callbacks as callbacks
 from mirrorkit import compat as compat
 from mirrorkit import flags as flags
+from mirrorkit.bench.benchmark import benchmark as benchmark
 from mirrorkit.cluster.chief import is_chief as is_chief
 from mirrorkit.cluster.chief import print as print
 from mirrorkit.faults.backup import resumable as resumable

@@ -51,6 +51,7 @@ STARTS_PROCESSES = (
     "run_function(",
     "check_equivalence(",
     "plan_memory(",
+    "benchmark(",
 )
 
 _DATA = """

@@ -68,3 +68,91 @@ def test_bench_model_names_match_the_bundled_models():
     assert 1_100_000 < models.get("cnn").build().count_params() < 1_300_000
     with pytest.raises(ValueError, match="unknown benchmark model 'vgg'"):
         models.get("vgg")
+
+
+#: A user's own module, outside mirrorkit: a compiled model, its examples, and mistakes.
+USER_MODULE = '''
+import keras
+import numpy as np
+import tensorflow as tf
+
+
+def make_model():
+    model = keras.Sequential([keras.Input((20,)), keras.layers.Dense(32, activation="relu"),
+                              keras.layers.Dense(1)])
+    model.compile(optimizer="adam", loss="mse")
+    return model
+
+
+def make_dataset():
+    x = np.random.default_rng(0).normal(size=(256, 20)).astype("float32")
+    return tf.data.Dataset.from_tensor_slices((x, x[:, :1]))
+
+
+def seven_features():
+    x = np.zeros((16, 7), "float32")
+    return tf.data.Dataset.from_tensor_slices((x, x[:, :1]))
+
+
+def not_compiled():
+    return keras.Sequential([keras.Input((20,)), keras.layers.Dense(1)])
+
+
+def not_a_model():
+    return "a model"
+'''
+
+
+@pytest.fixture
+def user_module(tmp_path, monkeypatch):
+    (tmp_path / "my_models.py").write_text(USER_MODULE)
+    monkeypatch.chdir(tmp_path)
+    return tmp_path
+
+
+@pytest.mark.multiprocess
+def test_bench_times_a_model_of_yours_with_the_bundled_models_columns(user_module):
+    done = subprocess.run(
+        [sys.executable, "-m", "mirrorkit", "bench", "--model", "my_models:make_model",
+         "--data", "my_models:make_dataset", "--replicas", "1,2", "--steps", "5",
+         "--repeats", "1", "--out", str(user_module / "out")],
+        capture_output=True, text=True, timeout=600, cwd=user_module,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    from mirrorkit.bench.results import format_table
+
+    results = json.loads((user_module / "out" / "bench-make_model.json").read_text())
+    rows = results["results"]
+    table = format_table(rows)  # the one table the bundled models print too
+    assert table in done.stdout
+    assert table.splitlines()[0].split() == [
+        "replicas", "workers", "pinned", "examples/s", "per", "replica", "efficiency"
+    ]  # fmt: skip
+    assert [(r["replicas"], r["workers"]) for r in rows] == [(1, 1), (2, 1)]
+    assert rows[0]["scaling_efficiency"] == 1.0 and rows[1]["scaling_efficiency"] > 0
+    assert all(r["verdict"] for r in rows) and "2 replica(s) x 1 worker(s): " in done.stdout
+    assert (user_module / "out" / "bench-make_model.png").stat().st_size > 0
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--model", "vgg"], "unknown --model 'vgg': choose one of cnn, mlp"),
+        (["--model", "no_such_module:make"], "cannot import 'no_such_module'"),
+        (["--model", "my_models:make"], "my_models has no function 'make' (its functions: "),
+        (["--model", "my_models:not_compiled"], "not_compiled() returned a model that is not"),
+        (["--model", "my_models:not_a_model"], "must return a keras.Model; it returned str"),
+        (
+            ["--model", "my_models:make_model", "--data", "my_models:seven_features"],
+            "gives examples of shape (7,), the model's input 0 takes (20,)",
+        ),
+        (["--model", "mlp", "--data", "my_models:make_dataset"], "--data goes with a model of"),
+        (["--model", "my_models:make_model", "--compare-raw"], "--compare-raw compare(s) a "),
+    ],
+)
+def test_a_model_of_yours_that_cannot_run_is_named_before_the_run(
+    args, message, user_module, mirrorkit_command, capsys
+):
+    code = mirrorkit_command("bench", *args)
+    out, err = capsys.readouterr()
+    assert code == 2 and message in err, err

@@ -20,6 +20,7 @@ PUBLIC = [
     "WarmUp",
     "all_gather",
     "all_gather_offset",
+    "benchmark",
     "build",
     "callbacks",
     "check_equivalence",

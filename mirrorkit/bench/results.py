@@ -27,6 +27,16 @@ def format_table(rows: list[dict[str, Any]]) -> str:
     return tables.columns((["launcher"] if raw else []) + headers, body)
 
 
+def format_verdicts(rows: list[dict[str, Any]]) -> str:
+    """Each configuration's throughput verdict (its last timed epoch), one line each."""
+    lines = ["verdicts (ThroughputCallback, the last timed epoch of each):"]
+    for row in rows:
+        if row.get("verdict"):
+            where = f"{row['replicas']} replica(s) x {row['workers']} worker(s)"
+            lines.append(f"  {where}: {row['verdict']}")
+    return "\n".join(lines)
+
+
 def plot(results: dict[str, Any], path: str) -> str | None:
     """Saves examples/s per configuration as a PNG; None when matplotlib is not installed."""
     try:

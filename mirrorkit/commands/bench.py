@@ -10,7 +10,7 @@ import sys
 import time
 from typing import Any
 
-from mirrorkit.bench.results import format_table, plot
+from mirrorkit.bench.results import format_table, format_verdicts, plot
 from mirrorkit.exit_statuses import BAD_ARGUMENTS, OK
 
 #: The bundled models (`mirrorkit.bench.models.MODELS`), named here so that
@@ -123,16 +123,6 @@ def _yours(args: argparse.Namespace) -> bool:
 def _file_name(model: str) -> str:
     """A file-name part for `model`: its name, or a model of yours' function name."""
     return model.rpartition(":")[2] if ":" in model else model
-
-
-def format_verdicts(rows: list[dict[str, Any]]) -> str:
-    """Each configuration's throughput verdict (its last timed epoch), one line each."""
-    lines = ["verdicts (ThroughputCallback, the last timed epoch of each):"]
-    for row in rows:
-        if row.get("verdict"):
-            where = f"{row['replicas']} replica(s) x {row['workers']} worker(s)"
-            lines.append(f"  {where}: {row['verdict']}")
-    return "\n".join(lines)
 
 
 def _counts(text: str, flag: str) -> list[int]:

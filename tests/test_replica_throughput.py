@@ -133,3 +133,18 @@ def test_each_replica_has_its_scalars_in_tensorboard_its_fields_in_json_and_a_pl
     assert epoch["slow_replica"] == 1 and len(epoch["replica_compute_median_s"]) == 2
     figure = report.plot(str(tmp_path / "throughput.png"))
     assert len(figure.axes) == 3 and figure.axes[2].get_title() == "Per replica, epoch 1"
+
+
+def test_the_verdict_weighs_the_measured_shares():
+    from mirrorkit.throughput.bottleneck import verdict
+
+    assert verdict(0.05, 0.2, communication_share=0.5).startswith(
+        "communication-bound: compute share 0.20, all-reduce share 0.50; try "
+    )
+    assert verdict(0.05, 0.04, communication_share=0.14, dispatch_share=0.62).startswith(
+        "dispatch-bound: 62% of each step is the strategy's own work"
+    )
+    calm = verdict(0.05, 0.6, communication_share=0.1, dispatch_share=0.25)
+    assert calm.startswith("compute-bound: compute share 0.60, all-reduce share 0.10, dispatch ")
+    # without the all-reduce timed (replica_timing=False on workers): the compute share alone
+    assert verdict(0.05, 0.5).startswith("communication-bound: compute share 0.50; try ")

@@ -26,6 +26,9 @@ ALL_REDUCE_BOUND_SHARE = 0.3
 REPLICA_WAIT_SHARE = 0.1
 #: From this share of a step that no measured part explains, the verdict says so.
 DISPATCH_SHARE = 0.2
+#: A step that this share or more of is none of its measured parts (and more than its
+#: compute) is dispatch-bound: the replicas' steps are too small for the strategy's own work.
+DISPATCH_BOUND_SHARE = 0.4
 
 
 def verdict(
@@ -40,7 +43,7 @@ def verdict(
     replica_wait_share: float | None = None,
     dispatch_share: float | None = None,
 ) -> str | None:
-    """One line: input-, communication- or compute-bound, with the fix to try.
+    """One line: input-, host-, communication-, dispatch- or compute-bound, with the fix to try.
 
     Args:
         input_wait_share: the measured share of each step spent waiting for data
@@ -103,6 +106,17 @@ def verdict(
                 f"communication-bound: compute share {compute_share:.2f}, all-reduce share "
                 f"{communication_share:.2f}; try gradient_compression='fp16', a larger "
                 "per-replica batch, or gradient_accumulation_steps"
+            )
+        if (
+            dispatch_share is not None
+            and dispatch_share >= DISPATCH_BOUND_SHARE
+            and dispatch_share > compute_share
+        ):
+            return (
+                f"dispatch-bound: {dispatch_share:.0%} of each step is the strategy's own work "
+                f"around the replicas' steps (compute share {compute_share:.2f}, all-reduce "
+                f"share {communication_share:.2f}); give each replica more work a step (a larger "
+                "per-replica batch), or fewer replicas to so small a step"
             )
     elif compute_share is not None and compute_share < COMMUNICATION_BOUND_SHARE:
         return (

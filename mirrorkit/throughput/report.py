@@ -15,7 +15,13 @@ if TYPE_CHECKING:
 
 #: Columns of the text and HTML tables: (key, heading, format).
 #: Verdicts that name a fix; every other epoch is summed up in one line.
-_ACTIONABLE = ("input-bound", "host-bound", "epoch-overhead", "communication-bound")
+_ACTIONABLE = (
+    "input-bound",
+    "host-bound",
+    "epoch-overhead",
+    "communication-bound",
+    "dispatch-bound",
+)
 _COLUMNS = (
     ("epoch", "epoch", "{:d}"),
     ("examples_per_sec", "examples/s", "{:,.1f}"),

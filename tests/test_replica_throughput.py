@@ -10,6 +10,7 @@ import pytest
 import tensorflow as tf
 
 import mirrorkit as mk
+from mirrorkit.throughput import bottleneck
 from mirrorkit.throughput.report import summary_line
 
 SLOW_S, WORK_S = 0.04, 0.004
@@ -96,12 +97,15 @@ def _shares(epoch):
 
 @pytest.mark.slow  # the quick set keeps the slow-replica test
 def test_many_weights_and_little_compute_are_communication_bound_on_one_host():
-    """28M weights, 8 examples a step: the all-reduce of 113 MB dominates each step (about
-    60 ms, so that the strategy's own dispatch, about 2 ms, is a small part of it)."""
+    """28M weights, 8 examples a step: the all-reduce of 113 MB is a third of each step or more
+    (about 60 ms, so that the strategy's own dispatch, about 2 ms, is a small part of it). On
+    CPU replicas the forward and backward pass of so few examples reads the same 113 MB of
+    weights as the all-reduce moves, so computing takes about as long: the all-reduce share,
+    not its rank among the shares, makes the verdict."""
     report = fit_report(_dense(3072, 3), 64, 8)
     epoch = report.epochs[-1]
     assert epoch.verdict.startswith("communication-bound: compute share "), epoch.verdict
-    assert epoch.communication_share > epoch.compute_share, _shares(epoch)
+    assert epoch.communication_share >= bottleneck.ALL_REDUCE_BOUND_SHARE, _shares(epoch)
     assert sum(_shares(epoch).values()) == pytest.approx(1.0, abs=0.1), _shares(epoch)
 
 

@@ -334,7 +334,10 @@ class ThroughputReport:
             per_replica.bar(index, compute, label="compute")
             per_replica.bar(index, reduce, bottom=compute, label="all-reduce (and wait)")
             per_replica.set(xlabel="replica", ylabel="ms", title=f"Per replica, epoch {last.epoch}")
-            per_replica.legend()
+            per_replica.set_xticks(index)  # one tick a replica: no -0.25 or 0.5
+            tallest = max((c + r for c, r in zip(compute, reduce, strict=True)), default=0.0)
+            per_replica.set_ylim(0, tallest * 1.35 or 1.0)  # room for the legend above the bars
+            per_replica.legend(loc="upper center", ncol=2)
         for axes in axes_row[:2]:  # whole epochs only: no 1.5 between epoch 1 and 2
             axes.xaxis.set_major_locator(MaxNLocator(integer=True))
         figure.tight_layout()

@@ -94,6 +94,18 @@ def seven_features():
     return tf.data.Dataset.from_tensor_slices((x, x[:, :1]))
 
 
+def classifier():  # integer labels: no --data needed, its random labels are integers
+    model = keras.Sequential([keras.Input((20,)), keras.layers.Dense(10)])
+    model.compile(optimizer="adam", metrics=["accuracy"],
+                  loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    return model
+
+
+def one_hot_labels():  # labels that do not fit classifier's sparse loss
+    x = np.zeros((16, 20), "float32")
+    return tf.data.Dataset.from_tensor_slices((x, np.eye(10, dtype="float32")[np.arange(16) % 10]))
+
+
 def not_compiled():
     return keras.Sequential([keras.Input((20,)), keras.layers.Dense(1)])
 
@@ -146,6 +158,10 @@ def test_bench_times_a_model_of_yours_with_the_bundled_models_columns(user_modul
             ["--model", "my_models:make_model", "--data", "my_models:seven_features"],
             "gives examples of shape (7,), the model's input 0 takes (20,)",
         ),
+        (
+            ["--model", "my_models:classifier", "--data", "my_models:one_hot_labels"],
+            "one training step on --data's examples failed: ValueError: ",
+        ),
         (["--model", "mlp", "--data", "my_models:make_dataset"], "--data goes with a model of"),
         (["--model", "my_models:make_model", "--compare-raw"], "--compare-raw compare(s) a "),
     ],
@@ -156,3 +172,14 @@ def test_a_model_of_yours_that_cannot_run_is_named_before_the_run(
     code = mirrorkit_command("bench", *args)
     out, err = capsys.readouterr()
     assert code == 2 and message in err, err
+
+
+def test_a_classifier_of_yours_gets_integer_labels_that_fit_its_sparse_loss(user_module):
+    import my_models
+
+    from mirrorkit.bench import user_model
+
+    user_model.check(my_models.classifier, None)  # one step on the random examples: no error
+    model = my_models.classifier()
+    x, y = next(iter(user_model.examples(model, None)))
+    assert (tuple(x.shape), tuple(y.shape), y.dtype.name) == ((20,), (), "int32")

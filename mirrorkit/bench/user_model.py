@@ -4,8 +4,9 @@
 times a model of yours instead of a bundled one: ``make_model()`` returns a
 compiled Keras model, built under each configuration's strategy. Its inputs are
 ``--data my_module:make_dataset``'s examples, or, without ``--data``, random
-inputs of the model's input shapes with labels of its output shape (zeros) —
-enough for a loss such as mean squared error or categorical cross-entropy. The
+inputs of the model's input shapes with zero labels: of its output shape, or
+without the last axis as integers for a sparse loss (``sparse_categorical_crossentropy``).
+Before anything is timed, one step on two examples checks that they fit. The
 functions travel to the benchmark's fresh processes by value (a file) or by
 name (an importable module).
 """
@@ -127,7 +128,18 @@ def check(make_model: Callable[[], Any], make_data: Callable[[], Any] | None) ->
     """
     import tensorflow as tf
 
-    examples(build(make_model, tf.distribute.get_strategy()), make_data)
+    model = build(make_model, tf.distribute.get_strategy())
+    data = examples(model, make_data)
+    x, y = next(iter(data.batch(2)))
+    try:
+        model.train_on_batch(x, y)
+    except Exception as error:  # Keras raises ValueError, TypeError or TF's own errors
+        given = "--data's examples" if make_data is not None else "the benchmark's random examples"
+        raise ValueError(
+            f"one training step on {given} failed: {type(error).__name__}: "
+            f"{str(error).strip().splitlines()[0]}. Pass data= (--data module:function) returning "
+            "a tf.data.Dataset of single (x, y) examples that fit the model and its loss"
+        ) from error
 
 
 def examples(model: Any, make_data: Callable[[], Any] | None):
@@ -175,9 +187,36 @@ def _synthetic(model: Any):
             "pass --data module:function returning a tf.data.Dataset of its (x, y) examples"
         )
     x = [one(t, i) for i, t in enumerate(inputs)]
-    y = [tf.zeros(tuple(t.shape[1:]), "float32") for t in model.outputs]
+    losses = _losses(model, len(model.outputs))
+    y = [
+        tf.zeros(tuple(t.shape[1:-1]), "int32")
+        if "sparse" in loss
+        else tf.zeros(tuple(t.shape[1:]), "float32")
+        for t, loss in zip(model.outputs, losses, strict=True)
+    ]
     example = (x[0] if len(x) == 1 else tuple(x), y[0] if len(y) == 1 else tuple(y))
     return tf.data.Dataset.from_tensors(example)
+
+
+def _losses(model: Any, outputs: int) -> list[str]:
+    """The lowercase name of the loss of each of `outputs` outputs ("" where none is known)."""
+
+    def name(loss: Any) -> str:
+        if loss is None:
+            return ""
+        if isinstance(loss, str):
+            return loss.lower()
+        return str(
+            getattr(loss, "name", None) or getattr(loss, "__name__", None) or type(loss).__name__
+        ).lower()
+
+    loss = getattr(model, "loss", None)
+    if isinstance(loss, dict):
+        names = getattr(model, "output_names", None) or []
+        return [name(loss.get(n)) for n in names] if len(names) == outputs else [""] * outputs
+    if isinstance(loss, (list, tuple)):
+        return [name(each) for each in loss] if len(loss) == outputs else [""] * outputs
+    return [name(loss)] * outputs
 
 
 def _check_fits(model: Any, data: Any, name: str) -> None:
@@ -196,16 +235,14 @@ def _check_fits(model: Any, data: Any, name: str) -> None:
     given = tf.nest.flatten(spec[0])
     if len(given) != len(inputs):
         raise ValueError(
-            f"--data {name}() gives {len(given)} input(s) an example, the model takes "
-            f"{len(inputs)}"
+            f"--data {name}() gives {len(given)} input(s) an example, the model takes {len(inputs)}"
         )
     for index, (got, want) in enumerate(zip(given, inputs, strict=True)):
         expected = tuple(want.shape[1:])
         fits = got.shape.rank is None or (
             got.shape.rank == len(expected)
             and all(
-                a is None or b is None or a == b
-                for a, b in zip(got.shape, expected, strict=True)
+                a is None or b is None or a == b for a, b in zip(got.shape, expected, strict=True)
             )
         )
         if not fits:

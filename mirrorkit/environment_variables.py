@@ -38,6 +38,7 @@ OMP_NUM_THREADS = "OMP_NUM_THREADS"
 MALLOC_MMAP_THRESHOLD_ = "MALLOC_MMAP_THRESHOLD_"
 MALLOC_TRIM_THRESHOLD_ = "MALLOC_TRIM_THRESHOLD_"
 MALLOC_TOP_PAD_ = "MALLOC_TOP_PAD_"
+MALLOC_ARENA_MAX = "MALLOC_ARENA_MAX"
 PYTHONUNBUFFERED = "PYTHONUNBUFFERED"
 PYTHONPATH = "PYTHONPATH"
 CUDA_VISIBLE_DEVICES = "CUDA_VISIBLE_DEVICES"
@@ -178,6 +179,13 @@ VARIABLES = (
         MALLOC_TOP_PAD_,
         "glibc: extra memory asked for at each heap growth (64 MiB for workers)",
         "the launcher (as MALLOC_MMAP_THRESHOLD_); `mk.plan_memory`'s measuring process",
+        "glibc malloc",
+    ),
+    Variable(
+        MALLOC_ARENA_MAX,
+        "glibc: the most malloc arenas (1 in the measuring process: how many threads' arenas "
+        "a step touches otherwise changes its peak by about 20 MiB from run to run)",
+        "`mk.plan_memory`'s measuring process",
         "glibc malloc",
     ),
     Variable(

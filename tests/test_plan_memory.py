@@ -48,7 +48,9 @@ def test_plan_is_within_25_percent_of_the_measured_peak(fresh):
     plan = mk.plan_memory(wide_model, BATCH)
     from mirrorkit.scale.memory import MEASURE_ENV
 
-    measured = fresh(_measured_peak_delta, BATCH, env=MEASURE_ENV)
+    # A plan must cover a run's highest peak; one run's peak varies by about 10 MiB (165-184 MiB
+    # here), so the plan is held against the higher of two fresh runs.
+    measured = max(fresh(_measured_peak_delta, BATCH, env=MEASURE_ENV) for _ in range(2))
     assert plan.weights_bytes == 4 * (1024 * 2048 + 2048 + 2048 * 2048 + 2048 + 2048 * 10 + 10)
     assert plan.gradients_bytes == plan.weights_bytes
     assert plan.optimizer_bytes == 2 * plan.weights_bytes  # Adam: two slots per weight

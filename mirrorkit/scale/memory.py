@@ -22,6 +22,7 @@ from typing import Any
 
 from mirrorkit.environment_variables import (
     CUDA_VISIBLE_DEVICES,
+    MALLOC_ARENA_MAX,
     MALLOC_MMAP_THRESHOLD_,
     MALLOC_TOP_PAD_,
     MALLOC_TRIM_THRESHOLD_,
@@ -33,7 +34,10 @@ from mirrorkit.number_checks import positive_int
 #: workers keep freed memory for reuse (`mirrorkit.launcher.allocator`), and then a step's
 #: memory reuses pages already counted and the peak RSS does not grow; with these, blocks of
 #: 128 KiB and more are mapped and unmapped as they are used, so RSS growth measures them.
+#: One arena: with glibc's default (one per thread, up to 8 per core) the first step's fixed
+#: cost came out about 65 or about 86 MiB, run to run, on the same model (tests/test_plan_memory).
 MEASURE_ENV = {
+    MALLOC_ARENA_MAX: "1",
     MALLOC_MMAP_THRESHOLD_: "131072",
     MALLOC_TRIM_THRESHOLD_: "131072",
     MALLOC_TOP_PAD_: "131072",
@@ -285,11 +289,17 @@ def _measure_here(pickled_model_fn: bytes, batch: int, example: Any = None) -> d
     step(large)  # traces it for the other shape, so no tracing is measured below
     settled = reset_peak_rss()  # what the model, its optimizer and its traced steps hold
     second_trace = max(settled - traced_once, 0)  # a real run traces its one batch shape once
-    step(small)
-    small_peak = peak_rss_bytes() - settled
-    reset_peak_rss()
-    step(large)
-    large_peak = peak_rss_bytes() - settled
+    # Each batch's peak three times, alternated: one peak alone came out up to 10 MiB high
+    # now and then, which a difference of two peaks turns into twice the activations.
+    small_peaks, large_peaks = [], []
+    for _ in range(3):
+        step(small)
+        small_peaks.append(peak_rss_bytes() - settled)
+        reset_peak_rss()
+        step(large)
+        large_peaks.append(peak_rss_bytes() - settled)
+        reset_peak_rss()
+    small_peak, large_peak = float(np.median(small_peaks)), float(np.median(large_peaks))
     slots = [v for v in model.optimizer.variables if len(v.shape) > 0]
     counted = {
         "weights_bytes": nbytes(model.weights),

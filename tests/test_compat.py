@@ -62,6 +62,7 @@ def test_enable_is_idempotent_and_disable_restores():
         "chief_model_save",
         "chief_model_save_weights",
         "chief_model_export",
+        "chief_saved_model",
         "class_weight",
         "one_iterator",
         "one_iterator_validation",

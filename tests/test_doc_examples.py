@@ -22,6 +22,8 @@ workers or are scripts in their own processes, marked multiprocess (so slow).
 from __future__ import annotations
 
 import re
+import subprocess
+import sys
 import textwrap
 from pathlib import Path
 
@@ -240,3 +242,19 @@ def test_the_guards_page_says_what_its_example_prints(tmp_path, monkeypatch, cap
     printed = _PRINTED[example.id].splitlines()
     for line in claimed.groups():
         assert line in printed, f"docs/guards.md says its example prints {line!r}: {printed}"
+
+
+@pytest.mark.multiprocess  # a fresh process: no optional package an earlier test imported
+def test_the_repairs_page_says_what_its_turn_off_example_prints():
+    page = (ROOT / "docs/compat.md").read_text()
+    section = page[page.index("## Turn the repairs off") :]
+    code = re.search(r"```python\n(.*?)```", section, re.S)[1]
+    quoted = re.search(r"this prints:\n\n```\n(.*?)```", section, re.S)[1]
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=ROOT
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.splitlines() == quoted.splitlines(), (
+        f"docs/compat.md, 'Turn the repairs off', quotes {quoted!r}; the example prints "
+        f"{done.stdout!r}"
+    )

@@ -6,7 +6,8 @@ the workers: TensorBoard, CSVLogger, progress bars at ``verbose=1``, 2 and
 ``"auto"``, EarlyStopping and ReduceLROnPlateau on a value that differs
 between the workers, TerminateOnNaN on ``step_logs="local"`` losses where one
 worker's own data holds a NaN, a user callback that stops one worker only,
-and ``model.save``/``save_weights``/``export`` on every worker. A second
+and ``model.save``/``save_weights``/``export`` and an ``ExportArchive``'s
+``write_out`` on every worker. A second
 launch runs the same script with the repairs taken away (``docs/compat.md``,
 "Logs written by every worker" and the sections after it) and checks that
 plain Keras writes twice and hangs.
@@ -100,6 +101,11 @@ for name in (f"model-w{rank}.keras", "model.keras"):
     model.save(os.path.join(out, name))
 model.save_weights(os.path.join(out, f"w{rank}.weights.h5"))
 model.export(os.path.join(out, f"export-w{rank}"), verbose=False)
+archive = keras.export.ExportArchive()  # a SavedModel with an endpoint of its own
+archive.track(model)
+archive.add_endpoint("predict", model.call,
+                     input_signature=[tf.TensorSpec((None, 4), tf.float32)])
+archive.write_out(os.path.join(out, f"archive-w{rank}"), verbose=False)
 save_result()
 
 # 2. TerminateOnNaN on each worker's own loss; worker 1's own data has a NaN at step 3.
@@ -181,7 +187,11 @@ def test_keras_callbacks_act_once_and_stop_together_on_two_workers(tmp_path):
     # One CSV from the chief: a header and one row per epoch.
     rows = (out / "log.csv").read_text().splitlines()
     assert len(rows) == 3 and rows[0].startswith("epoch,") and rows[1].startswith("0,")
-    assert sorted(p.name for p in out.glob("*-w*")) == ["export-w0", "model-w0.keras"]
+    assert sorted(p.name for p in out.glob("*-w*")) == [
+        "archive-w0",
+        "export-w0",
+        "model-w0.keras",
+    ]
     assert sorted(p.name for p in out.glob("w*.weights.h5")) == ["w0.weights.h5"]
     assert "only the chief's file is kept" in done.stdout + done.stderr
     # TerminateOnNaN on worker 1's own NaN loss at step 3, and a user callback on
@@ -202,6 +212,7 @@ def test_plain_keras_callbacks_write_twice_and_hang_on_two_workers(tmp_path):
     rows = (out / "log.csv").read_text().splitlines()
     assert len([row for row in rows if row.startswith("epoch,")]) == 2  # both append to it
     assert (out / "model-w1.keras").exists()  # the non-chief's own save
+    assert (out / "archive-w1" / "saved_model.pb").exists()
     # Worker 1 stops at the end of epoch 2 (its own figure worsens); worker 0 trains on
     # and waits for it in epoch 3's all-reduce, until worker 1's next collectives (or
     # the 30 s collective timeout) end the job with an error.

@@ -22,7 +22,7 @@ pairs it was tested on and the test that reproduces it.
 | ``chief_tensorboard*``, ``chief_csv_*``, ``chief_progbar`` | tensorboard#1011 | one TensorBoard run, CSV and progress bar per worker |
 | ``agreed_stop_*`` | HybridBackend#88 | ``model.stop_training`` set on one worker only: the others hang |
 | ``shared_early_stopping``, ``shared_reduce_lr`` | HybridBackend#88 | ``EarlyStopping``/``ReduceLROnPlateau`` deciding on per-worker values |
-| ``chief_model_save*``, ``chief_model_export`` | none found (``docs/compat.md``) | ``model.save``/``export`` written by every worker |
+| ``chief_model_save*``, ``chief_model_export``, ``chief_saved_model`` | none found (``docs/compat.md``) | ``model.save``/``export``/SavedModels written by every worker |
 | ``class_weight`` | tensorflow#41290 | ``fit(class_weight=...)`` on an `mk.distribute` dataset |
 | ``one_iterator``, ``one_iterator_validation``, ``one_iterator_evaluate``, ``one_iterator_predict``, ``one_iterator_lend`` | Keras's epoch iterator | ``fit`` on an `mk.distribute` dataset made a new distributed iterator every epoch (half the wall time of small epochs), ``evaluate`` and ``predict`` one every call |
 | ``keras_hub_inputs`` | keras-hub 0.32 | a keras-hub task's ``fit``/``evaluate``/``predict`` on an `mk.distribute` dataset (applied once keras-hub is imported) |

@@ -1,4 +1,4 @@
-"""Repair: ``model.save``/``save_weights``/``export`` on every worker write one copy, the chief's.
+"""Repair: ``model.save``/``save_weights``/``export`` and SavedModels on every worker: one copy.
 
 Upstream: no Keras report found; TensorFlow's multi-worker tutorial has every
 worker save and the non-chief workers write to a temporary path they delete,
@@ -14,6 +14,12 @@ leave the workers out of step), and only the chief's file is left. Said once.
 A non-chief worker that wants to read the model back reads the chief's file,
 which needs storage every worker sees and the chief to have finished writing
 (wait for it, e.g. with a collective such as `mirrorkit.cluster.workers.gather`).
+
+``tf.saved_model.save`` is repaired the same way (``chief_saved_model``): every
+SavedModel Keras writes goes through it, so ``keras.export.ExportArchive.write_out``
+(a SavedModel with endpoints of your own), which ``Model.export`` reaches inside
+Keras but a script may call directly, is written once too, and so is
+``tf.saved_model.save(model, path)`` in TensorFlow's own style.
 """
 
 from __future__ import annotations
@@ -52,6 +58,26 @@ def _to_temporary_path(original):
     return save
 
 
+def _saved_model_to_temporary_path(original):
+    @functools.wraps(original)
+    def save(obj, export_dir, *args, **kwargs):
+        chief.say_once(
+            "non-chief-saved-models",
+            "tf.saved_model.save (keras.export.ExportArchive.write_out, model.export) on the "
+            "workers that are not the chief writes to a temporary path that is then removed; "
+            "only the chief's SavedModel is kept (docs/compat.md, 'Saving from every worker')",
+        )
+        if chief.is_chief():
+            return original(obj, export_dir, *args, **kwargs)
+        directory = tempfile.mkdtemp(prefix="mirrorkit-saved-model-")
+        try:
+            return original(obj, os.path.join(directory, "saved_model"), *args, **kwargs)
+        finally:
+            shutil.rmtree(directory, ignore_errors=True)
+
+    return save
+
+
 REPAIRS = (
     multi_worker_repair(
         "chief_model_save", _UPSTREAM, "Model.save", _to_temporary_path, module="keras"
@@ -65,5 +91,14 @@ REPAIRS = (
     ),
     multi_worker_repair(
         "chief_model_export", _UPSTREAM, "Model.export", _to_temporary_path, module="keras"
+    ),
+    # Importing tensorflow.saved_model rebinds `tf.saved_model` to this module, the one
+    # Keras's export code and user scripts then reach as tf.saved_model.save.
+    multi_worker_repair(
+        "chief_saved_model",
+        _UPSTREAM,
+        "save",
+        _saved_model_to_temporary_path,
+        module="tensorflow.saved_model",
     ),
 )

@@ -46,6 +46,9 @@ CUDA_VISIBLE_DEVICES = "CUDA_VISIBLE_DEVICES"
 MIRRORKIT_PORT = "MIRRORKIT_PORT"
 GLIBC_TUNABLES = "GLIBC_TUNABLES"
 KERAS_BACKEND = "KERAS_BACKEND"
+KERASTUNER_TUNER_ID = "KERASTUNER_TUNER_ID"
+KERASTUNER_ORACLE_IP = "KERASTUNER_ORACLE_IP"
+KERASTUNER_ORACLE_PORT = "KERASTUNER_ORACLE_PORT"
 # --- set by a cluster engine or platform ----------------------------------------------------
 SLURM_JOB_ID = "SLURM_JOB_ID"
 SLURM_STEP_ID = "SLURM_STEP_ID"
@@ -217,6 +220,26 @@ VARIABLES = (
         "Keras's backend: mirrorkit needs `tensorflow` (its error says to set it)",
         "the user",
         "Keras",
+    ),
+    Variable(
+        KERASTUNER_TUNER_ID,
+        "KerasTuner's distributed tuning: `chief` runs the oracle; the workers of one "
+        "`mirrorkit launch` share one ID and train the same trial",
+        "the user (docs/tuning.md)",
+        "KerasTuner; mirrorkit's repairs `keras_tuner_ask_together`, `keras_tuner_same_trial`",
+    ),
+    Variable(
+        KERASTUNER_ORACLE_IP,
+        "the address of KerasTuner's oracle (its chief)",
+        "the user (docs/tuning.md)",
+        "KerasTuner; `mirrorkit launch` and `mk.launch`, which let the workers in their "
+        "private network reach it when it is this machine's loopback",
+    ),
+    Variable(
+        KERASTUNER_ORACLE_PORT,
+        "the port of KerasTuner's oracle",
+        "the user (docs/tuning.md)",
+        "KerasTuner; `mirrorkit launch` and `mk.launch` (as KERASTUNER_ORACLE_IP)",
     ),
     Variable(SLURM_JOB_ID, "the Slurm job", _SLURM, f"{_SLURM_READER}; default ports"),
     Variable(

@@ -337,12 +337,21 @@ def _flags(*argv: str) -> Callable[[], object]:
     return run
 
 
+def _on_the_jax_backend():
+    """`mk.strategy()` where Keras says it runs on JAX (keras.backend.backend(); no jax needed)."""
+    from unittest import mock
+
+    with mock.patch("keras.backend.backend", return_value="jax"):
+        return mk.strategy()
+
+
 def _cases(tmp: pathlib.Path) -> dict[str, Callable[[], object]]:
     tf_config_2 = '{"cluster": {"worker": ["127.0.0.1:2222", "127.0.0.1:2223"]}'
     slurm_step = {"SLURM_JOB_ID": "7", "SLURM_STEP_ID": "0", "SLURM_STEP_NODELIST": "n[1-2]"}
     slurm_step.update(SLURM_STEP_TASKS_PER_NODE="1(x2)", SLURMD_NODENAME="n1", SLURM_LOCALID="0")
     return {
         # strategy arguments
+        "strategy-backend": _on_the_jax_backend,
         "strategy-kind": lambda: mk.strategy("mirror"),
         "strategy-all-reduce": lambda: mk.strategy(cpu_replicas=2, all_reduce="allgather"),
         "strategy-num-gpus": lambda: mk.strategy(num_gpus=4),
@@ -390,6 +399,8 @@ def _cases(tmp: pathlib.Path) -> dict[str, Callable[[], object]]:
         "launch-nproc-word": _launch("-n", "two", "train.py"),
         "launch-nproc-zero": _launch("-n", "0", "train.py"),
         "launch-port-range": _launch("--port", "70000", "train.py"),
+        "launch-reach-format": _launch("--reach", "8000", "train.py"),
+        "launch-reach-elsewhere": _launch("--reach", "10.1.2.3:8000", "train.py"),
         "launch-port-hosts": _launch_layout(
             "--port", "65535", "--hosts", "a,b", "--node-rank", "0", "train.py"
         ),

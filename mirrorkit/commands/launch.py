@@ -99,6 +99,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "(their unauthenticated TensorFlow servers are then reachable from outside)",
     )
     parser.add_argument(
+        "--reach",
+        action="append",
+        default=[],
+        metavar="HOST:PORT",
+        help="a service on this machine (127.0.0.1:PORT) that the workers in their private "
+        "network reach at the same address, e.g. a tracking server; repeatable. KerasTuner's "
+        "oracle (KERASTUNER_ORACLE_IP/PORT on loopback) is reached without it",
+    )
+    parser.add_argument(
         "--nnodes",
         type=int,
         default=None,
@@ -285,6 +294,11 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as err:
         print(f"mirrorkit launch: {err}", file=sys.stderr)
         return BAD_ARGUMENTS
+    try:
+        local_job.plan_reach(args.reach, wording=None)
+    except ValueError as err:
+        print(f"mirrorkit launch: --{err}", file=sys.stderr)
+        return BAD_ARGUMENTS
     if not args.module and not os.path.isfile(args.target):
         print(
             f"mirrorkit launch: script {args.target!r} does not exist (working directory "
@@ -314,6 +328,7 @@ def run(args: argparse.Namespace) -> int:
             layout=job,
             pin=args.pin,
             private_network=args.private_network,
+            reach=args.reach,
             timeout_s=args.timeout_s,
             log_dir=args.log_dir,
             tf_startup_logs=args.tf_startup_logs,

@@ -4,6 +4,8 @@ Usage: ``python -m mirrorkit.launcher._sandbox SPEC RESULT``. Enters a private
 network namespace (see `netns`), runs the workers that SPEC (JSON) describes
 with `processes.run_commands`, streaming their prefixed output, and writes the
 outcome to RESULT (JSON) for the launcher outside. SIGTERM stops every worker.
+With SPEC's ``reach`` ports it first listens on them inside the namespace and
+hands the sockets to the launcher (`relay`), before any worker starts.
 """
 
 from __future__ import annotations
@@ -25,10 +27,12 @@ def main(spec_path: str, result_path: str) -> int:
 
     netns.enter()  # first, while this process has one thread
     signal.signal(signal.SIGTERM, _interrupt)
-    from mirrorkit.launcher import processes
+    from mirrorkit.launcher import processes, relay
 
     with open(spec_path) as f:
         spec = json.load(f)
+    if spec.get("reach"):
+        relay.open_listeners(spec["relay_fd"], spec["reach"])
     outcome = {"status": "ok"}
     try:
         processes.run_commands(

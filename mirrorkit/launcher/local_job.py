@@ -8,7 +8,8 @@ multi-worker helper all call. It plans the job once:
   (the hosts of a multi-host launch);
 - its CPUs and matching TensorFlow thread pools (`pinning`);
 - the memory allocator settings (`allocator`);
-- a private network namespace (`netns`);
+- a private network namespace (`netns`), and the services on this machine its
+  workers reach (`relay`: ``--reach``, KerasTuner's oracle);
 
 says each decision once, in the words of its caller (a flag for the command
 line, an argument for Python), and hands the processes to `processes`, which
@@ -20,12 +21,18 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TextIO
 
 from mirrorkit import notices
 from mirrorkit.cluster import tf_config
-from mirrorkit.launcher import allocator, hosts, netns, pinning, processes, tf_noise
+from mirrorkit.environment_variables import (
+    KERASTUNER_ORACLE_IP,
+    KERASTUNER_ORACLE_PORT,
+    KERASTUNER_TUNER_ID,
+)
+from mirrorkit.launcher import allocator, hosts, netns, pinning, processes, relay, tf_noise
 
 
 @dataclasses.dataclass(frozen=True)
@@ -35,16 +42,18 @@ class Wording:
     Attributes:
         no_pin: what turns CPU pinning off.
         shared_network: what runs the workers in this machine's network.
+        reach: what lets the workers reach a service on this machine.
     """
 
     no_pin: str
     shared_network: str
+    reach: str
 
 
 #: `mirrorkit launch`'s flags.
-FLAGS = Wording(no_pin="--no-pin", shared_network="--shared-network")
+FLAGS = Wording(no_pin="--no-pin", shared_network="--shared-network", reach="--reach")
 #: `mk.launch`'s arguments.
-ARGUMENTS = Wording(no_pin="pin_cpus=False", shared_network="private_network=False")
+ARGUMENTS = Wording(no_pin="pin_cpus=False", shared_network="private_network=False", reach="reach=")
 
 
 def run_job(
@@ -55,6 +64,7 @@ def run_job(
     layout: hosts.Layout | None = None,
     pin: bool | Sequence[Sequence[int]] = True,
     private_network: bool = True,
+    reach: Sequence[str] = (),
     env: Callable[[int], Mapping[str, str]] | None = None,
     timeout_s: float | None = None,
     stream: TextIO | None = None,
@@ -77,6 +87,9 @@ def run_job(
             unpinned; a list gives worker i exactly the CPUs ``pin[i]``.
         private_network: run the workers in a private network namespace where
             the platform allows it (a warning says when it does not).
+        reach: ``HOST:PORT`` of services on this machine's loopback that the
+            workers in a private network reach at the same address; KerasTuner's
+            oracle (``KERASTUNER_ORACLE_IP``/``_PORT`` on loopback) is added.
         env: ``env(i)`` gives worker i extra environment variables; they win
             over the ones planned here (a test writing its own TF_CONFIG).
         timeout_s: stop every worker and raise `TimeoutError` after this long.
@@ -122,6 +135,7 @@ def run_job(
     cpus = plan_cpus(num_workers, pin, wording, first=layout.first_rank)
     if allocator.malloc_env():
         _say_once(allocator.describe(), wording)
+    ports = plan_reach(reach, wording)  # before anything starts: a bad address is an error
     private = plan_network(layout, private_network, wording)
 
     def worker_env(i: int) -> dict[str, str]:
@@ -139,6 +153,7 @@ def run_job(
                 stream=stream,
                 cpus=cpus,
                 private_network=private,
+                reach=ports if private else (),
             )
         processes.run_commands(
             [list(target)] * num_workers,
@@ -149,6 +164,7 @@ def run_job(
             log_dir=log_dir,
             cpus=cpus,
             private_network=private,
+            reach=ports if private else (),
         )
         return []
 
@@ -215,6 +231,43 @@ def plan_network(job: hosts.Layout, wanted: bool, wording: Wording | None = ARGU
         "workers run in a private network namespace: unreachable from outside this job", wording
     )
     return True
+
+
+def plan_reach(
+    reach: Sequence[str], wording: Wording | None = ARGUMENTS, env: Mapping[str, str] | None = None
+) -> list[int]:
+    """The ports on this machine's loopback that workers in a private network reach.
+
+    Args:
+        reach: ``HOST:PORT`` addresses (``--reach`` or ``reach=``).
+        wording: how the notice names the setting; None says nothing.
+        env: the environment the workers inherit (`os.environ` when None): a
+            KerasTuner worker's oracle on loopback is reached without asking.
+
+    Raises:
+        ValueError: an address that is not ``HOST:PORT`` on this machine's loopback.
+    """
+    env = os.environ if env is None else env
+    ports = [relay.parse_reach(address) for address in reach]
+    oracle = env.get(KERASTUNER_ORACLE_IP), env.get(KERASTUNER_ORACLE_PORT)
+    if all(oracle) and "chief" not in env.get(KERASTUNER_TUNER_ID, "chief"):
+        address = f"{oracle[0]}:{oracle[1]}"
+        try:
+            port = relay.parse_reach(address)
+        except ValueError:
+            pass  # an oracle on another machine: that is the network's to reach
+        else:
+            if port not in ports:
+                ports.append(port)
+                _say_once(f"KerasTuner's oracle at {address} is reached from the workers", wording)
+    if ports:
+        _say_once(
+            "workers reach this machine's "
+            + ", ".join(f"127.0.0.1:{p}" for p in ports)
+            + f" at the same address ({(wording or ARGUMENTS).reach})",
+            wording,
+        )
+    return list(dict.fromkeys(ports))
 
 
 def say(message: str, level: int = logging.INFO) -> None:

@@ -18,6 +18,7 @@ def launch(
     timeout_s: float | None = None,
     pin_cpus: bool = True,
     private_network: bool = True,
+    reach: Sequence[str] = (),
     tf_startup_logs: bool = False,
 ) -> Any:
     """Runs ``fn(*args)`` in `num_workers` fresh worker processes of one job.
@@ -39,6 +40,10 @@ def launch(
         private_network: run the workers in a private network namespace so
             their unauthenticated TensorFlow servers are unreachable from
             outside; where the platform does not allow it, a warning says so.
+        reach: ``"127.0.0.1:PORT"`` of services on this machine (a tracking
+            server, an object store) that the workers in their private network
+            reach at the same address. KerasTuner's oracle
+            (``KERASTUNER_ORACLE_IP``/``_PORT`` on loopback) is reached without it.
         tf_startup_logs: keep TensorFlow's C++ start-up lines (``Could not find
             cuda drivers``, ``failed call to cuInit`` on a machine without a
             GPU, ...) in the streamed output; they are dropped by default (see
@@ -49,6 +54,7 @@ def launch(
 
     Raises:
         RuntimeError: this process is itself a worker of a multi-worker job.
+        ValueError: a `reach` address that is not ``HOST:PORT`` on this machine's loopback.
         mirrorkit.launcher.processes.WorkerError: a worker failed; the message
             holds its traceback, and the other workers were stopped.
 
@@ -78,6 +84,7 @@ def launch(
         args,
         pin=pin_cpus,
         private_network=private_network,
+        reach=reach,
         timeout_s=timeout_s,
         tf_startup_logs=tf_startup_logs,
         wording=local_job.ARGUMENTS,

@@ -25,7 +25,7 @@ from typing import Any, BinaryIO, TextIO
 import cloudpickle
 
 from mirrorkit.environment_variables import PYTHONPATH, PYTHONUNBUFFERED, TF_CPP_MIN_LOG_LEVEL
-from mirrorkit.launcher import allocator, pinning, tf_noise
+from mirrorkit.launcher import allocator, pinning, relay, tf_noise
 
 #: Output lines of each worker kept for the error message of a failed worker.
 TAIL_LINES = 60
@@ -68,6 +68,7 @@ def run_function(
     prefix: str = "w",
     cpus: Sequence[Sequence[int]] | None = None,
     private_network: bool = False,
+    reach: Sequence[int] = (),
 ) -> list[Any]:
     """Calls ``fn(*args)`` once in each of N fresh Python processes.
 
@@ -81,6 +82,7 @@ def run_function(
         prefix: the label before each process's index in output lines.
         cpus: ``cpus[i]`` are the only CPUs process i may run on.
         private_network: run the processes in one new network namespace.
+        reach: as `run_commands`'s.
 
     Returns:
         Each process's return value, in process order.
@@ -119,6 +121,7 @@ def run_function(
                 prefix=prefix,
                 cpus=cpus,
                 private_network=private_network,
+                reach=reach,
             )
         except WorkerError as err:
             raise WorkerError(
@@ -138,6 +141,7 @@ def run_commands(
     cpus: Sequence[Sequence[int]] | None = None,
     private_network: bool = False,
     first: int = 0,
+    reach: Sequence[int] = (),
 ) -> None:
     """Runs one command per worker, streams prefixed output, fails fast.
 
@@ -158,6 +162,8 @@ def run_commands(
             (see `netns`), so their servers are unreachable from outside.
         first: the job-wide rank of worker 0 here, which output prefixes and
             log names count from (a host's or Slurm node's first worker).
+        reach: ports on this machine's 127.0.0.1 that workers in a private
+            network reach at the same address (`relay`).
 
     Raises:
         WorkerError: the first worker that exited non-zero (its last output
@@ -167,7 +173,7 @@ def run_commands(
     envs = [_worker_env(env, cpus, i) for i in range(len(commands))]
     commands = [_pinned(command, cpus[i] if cpus else None) for i, command in enumerate(commands)]
     if private_network:
-        _run_in_private_network(commands, envs, timeout_s, stream, prefix, log_dir, first)
+        _run_in_private_network(commands, envs, timeout_s, stream, prefix, log_dir, first, reach)
         return
     procs = []
     logs = _open_logs(log_dir, len(commands), first)
@@ -219,8 +225,10 @@ def _run_in_private_network(
     prefix: str,
     log_dir: str | None,
     first: int = 0,
+    reach: Sequence[int] = (),
 ) -> None:
     """Runs `run_commands` in a sandbox process that owns a new network namespace."""
+    services = relay.Relay(reach)
     with tempfile.TemporaryDirectory(prefix="mirrorkit-") as workdir:
         spec = os.path.join(workdir, "spec.json")
         result = os.path.join(workdir, "result.json")
@@ -233,16 +241,21 @@ def _run_in_private_network(
                     "prefix": prefix,
                     "log_dir": log_dir and os.path.abspath(log_dir),
                     "first": first,
+                    "reach": list(reach),
+                    "relay_fd": services.channel_fd,
                 },
                 f,
             )
         sandbox = [sys.executable, "-m", "mirrorkit.launcher._sandbox", spec, result]
-        procs = [_start(_pinned(sandbox, None), {})]
+        procs = [_start(_pinned(sandbox, None), {}, pass_fds=services.pass_fds)]
+        services.start()
         try:
             _supervise(procs, stream or sys.stdout, None, None, [])
         except BaseException:
             stop(procs, grace_s=TERMINATE_GRACE_S + 5)  # the sandbox stops its workers first
             raise
+        finally:
+            services.close()
         try:
             with open(result) as f:
                 outcome = json.load(f)
@@ -256,7 +269,9 @@ def _run_in_private_network(
         raise KeyboardInterrupt
 
 
-def _start(command: Sequence[str], extra_env: Mapping[str, str]) -> subprocess.Popen:
+def _start(
+    command: Sequence[str], extra_env: Mapping[str, str], pass_fds: Sequence[int] = ()
+) -> subprocess.Popen:
     env = dict(os.environ)
     env.update(extra_env)
     env.setdefault(TF_CPP_MIN_LOG_LEVEL, "2")
@@ -271,6 +286,7 @@ def _start(command: Sequence[str], extra_env: Mapping[str, str]) -> subprocess.P
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         start_new_session=True,
+        pass_fds=tuple(pass_fds),
     )
 
 

@@ -70,6 +70,8 @@ def test_enable_is_idempotent_and_disable_restores():
         "one_iterator_predict",
         "one_iterator_lend",
         "keras_hub_inputs",
+        "keras_tuner_ask_together",
+        "keras_tuner_same_trial",
         "python_logs",
         "fit_notices",
         "step_chain",

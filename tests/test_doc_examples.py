@@ -59,6 +59,7 @@ _PRINTED: dict[str, str] = {}
 #: An example that imports this optional extra skips without it, and is slow with it (importing
 #: keras-hub costs seconds of CPU in the pytest process).
 _KERAS_HUB = re.compile(r"^import keras_hub$", re.MULTILINE)
+_KERAS_TUNER = re.compile(r"^import keras_tuner$", re.MULTILINE)
 
 
 def _param(example: Example, ids: list[str]):
@@ -81,6 +82,8 @@ def test_example(
         pytest.skip(f"not run: {example.not_run}")
     if _KERAS_HUB.search(example.code):
         pytest.importorskip("keras_hub", reason="the hub extra: pip install -e '.[hub]'")
+    if _KERAS_TUNER.search(example.code):
+        pytest.importorskip("keras_tuner", reason="the tuner extra: pip install -e '.[tuner]'")
     if example.script:
         output = run_script(example, tmp_path)
         for place in places:

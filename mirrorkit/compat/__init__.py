@@ -26,6 +26,7 @@ pairs it was tested on and the test that reproduces it.
 | ``class_weight`` | tensorflow#41290 | ``fit(class_weight=...)`` on an `mk.distribute` dataset |
 | ``one_iterator``, ``one_iterator_validation``, ``one_iterator_evaluate``, ``one_iterator_predict``, ``one_iterator_lend`` | Keras's epoch iterator | ``fit`` on an `mk.distribute` dataset made a new distributed iterator every epoch (half the wall time of small epochs), ``evaluate`` and ``predict`` one every call |
 | ``keras_hub_inputs`` | keras-hub 0.32 | a keras-hub task's ``fit``/``evaluate``/``predict`` on an `mk.distribute` dataset (applied once keras-hub is imported) |
+| ``keras_tuner_ask_together``, ``keras_tuner_same_trial`` | KerasTuner 1.4 | a tuner with a multi-worker ``distribution_strategy``: the job's workers handed different trials build different models (applied once keras-tuner is imported) |
 | ``python_logs`` | Keras 3.10 | ``History`` holding a custom metric's variable instead of a number |
 | ``fit_notices`` | keras.io guide, keras#20285 | (says once) a custom ``train_step`` sees one device's losses; trainable BatchNormalization trains on each replica's batch |
 | ``step_chain`` | mirrorkit's own step hooks | a train function Keras traced again (``make_train_function(force=True)``) dropped the hooks around it: ``ThroughputCallback`` before ``NaNGuard`` read every step as host work |
@@ -53,6 +54,7 @@ from mirrorkit.compat import (
     fit_notices,
     gradient_accumulation,
     keras_hub_inputs,
+    keras_tuner_trials,
     multi_worker_reduce,
     one_device_gradient,
     one_device_loss,
@@ -86,6 +88,7 @@ REPAIRS: tuple[Repair, ...] = (
     class_weight.REPAIR,
     *one_iterator.REPAIRS,
     keras_hub_inputs.REPAIR,
+    *keras_tuner_trials.REPAIRS,
     python_logs.REPAIR,
     fit_notices.REPAIR,
     step_chain.REPAIR,

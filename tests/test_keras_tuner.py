@@ -1,0 +1,149 @@
+"""KerasTuner's distributed tuning with a 2-worker `mirrorkit launch` as one tuner.
+
+keras.io's "Distributed hyperparameter tuning" runs a chief oracle
+(``KERASTUNER_TUNER_ID=chief``) and tuners that ask it for trials. Here the
+oracle is a real process on this machine's 127.0.0.1, and the tuner is one
+`mirrorkit launch -n 2` job whose workers live in the launch's private network
+(they reach the oracle through the launcher's relay) and train each trial
+together under `mk.strategy()`. Every trial's hyperparameters and score equal
+those of the same search run on one device in its own process. A second test
+gives the two workers different trials (no oracle, a different seed each) and
+checks that both stop with an error that names each worker's trial, instead of
+training two different models against each other.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import re
+import socket
+import subprocess
+import sys
+
+import pytest
+
+pytest.importorskip("keras_tuner", reason="the tuner extra: pip install -e '.[tuner]'")
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+SCRIPT = r'''
+import json, os, sys
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+import keras_tuner  # before mk.strategy(): its repairs apply once it is imported
+import keras, numpy as np
+import mirrorkit as mk
+
+mode, directory, out = sys.argv[1], sys.argv[2], sys.argv[3]
+rng = np.random.default_rng(0)
+x = rng.normal(size=(64, 8)).astype("float32")
+y = (x @ rng.normal(size=(8, 1))).astype("float32")
+
+def build(hp):
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential([
+        keras.Input((8,)),
+        keras.layers.Dense(hp.Choice("units", [4, 8, 16]), activation="relu"),
+        keras.layers.Dense(1),
+    ])
+    lr = hp.Float("learning_rate", 1e-3, 1e-1, sampling="log")
+    model.compile(optimizer=keras.optimizers.SGD(lr), loss="mse")
+    return model
+
+strategy = mk.strategy() if mode in ("worker", "told_apart") else None
+seed = 7 if mode != "told_apart" else 7 + mk.describe(strategy).worker_index
+tuner = keras_tuner.RandomSearch(
+    build, objective="val_loss", max_trials=3, seed=seed, directory=directory,
+    project_name="search", distribution_strategy=strategy,
+)
+tuner.search(x, y, batch_size=16, epochs=2, validation_data=(x[:32], y[:32]), verbose=0,
+             shuffle=False)
+if mode in ("chief", "one_device"):
+    trials = tuner.oracle.get_best_trials(num_trials=3)
+    found = {t.trial_id: {"values": t.hyperparameters.values, "score": t.score} for t in trials}
+    with open(out, "w") as f:
+        json.dump(found, f)
+'''
+
+
+def _free_port():
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _python(script, *args, env=None):
+    return subprocess.Popen(
+        [sys.executable, str(script), *args],
+        cwd=ROOT,
+        env={**os.environ, **(env or {})},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+
+
+def _launch(script, *args, env):
+    return subprocess.run(
+        [sys.executable, "-m", "mirrorkit", "launch", "-n", "2", str(script), *args],
+        cwd=ROOT,
+        env={**os.environ, **env},
+        capture_output=True,
+        text=True,
+        timeout=420,
+    )
+
+
+@pytest.mark.multiprocess
+def test_a_two_worker_launch_tunes_as_one_device_against_a_chief_oracle(tmp_path):
+    script = tmp_path / "tune.py"
+    script.write_text(SCRIPT)
+    port = str(_free_port())
+    oracle_env = {"KERASTUNER_ORACLE_IP": "127.0.0.1", "KERASTUNER_ORACLE_PORT": port}
+    one_device = _python(script, "one_device", tmp_path / "alone", tmp_path / "alone.json")
+    oracle = _python(
+        script,
+        "chief",
+        tmp_path / "oracle",
+        tmp_path / "chief.json",
+        env={**oracle_env, "KERASTUNER_TUNER_ID": "chief"},
+    )
+    try:
+        job = _launch(
+            script,
+            "worker",
+            tmp_path / "workers",
+            tmp_path / "unused.json",
+            env={**oracle_env, "KERASTUNER_TUNER_ID": "tuner0"},
+        )
+        assert job.returncode == 0, job.stdout[-3000:] + job.stderr[-3000:]
+        assert f"KerasTuner's oracle at 127.0.0.1:{port} is reached" in job.stderr
+        said, _ = oracle.communicate(timeout=120)
+        assert oracle.returncode == 0, said[-3000:]
+        said, _ = one_device.communicate(timeout=300)
+        assert one_device.returncode == 0, said[-3000:]
+    finally:
+        for process in (oracle, one_device):
+            process.kill()
+    tuned = json.loads((tmp_path / "chief.json").read_text())
+    alone = json.loads((tmp_path / "alone.json").read_text())
+    assert sorted(tuned) == sorted(alone) == ["0", "1", "2"]
+    for trial_id, trial in alone.items():
+        assert tuned[trial_id]["values"] == trial["values"]
+        assert tuned[trial_id]["score"] == pytest.approx(trial["score"], rel=1e-4)
+
+
+@pytest.mark.multiprocess
+def test_workers_handed_different_trials_stop_naming_each_workers_trial(tmp_path):
+    script = tmp_path / "tune.py"
+    script.write_text(SCRIPT)
+    job = _launch(script, "told_apart", tmp_path / "workers", tmp_path / "unused.json", env={})
+    assert job.returncode != 0
+    said = job.stdout + job.stderr
+    assert "the workers of one multi-worker job must train the same KerasTuner trial" in said
+    assert "worker 0 got trial 0; worker 1 got trial 0" in said
+    assert "Give every worker of the job the same KERASTUNER_TUNER_ID" in said
+    page = (pathlib.Path(ROOT) / "docs" / "compat.md").read_text()
+    quoted = re.search(r"^RuntimeError: the workers of one multi-worker job.*$", page, re.M)[0]
+    assert f"[w0] {quoted}" in said.splitlines(), "docs/compat.md quotes worker 0's error"

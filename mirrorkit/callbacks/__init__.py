@@ -14,9 +14,13 @@ import numpy as np
 import mirrorkit as mk
 
 strategy = mk.strategy(cpu_replicas=2)
-model = mk.build(lambda: keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)]),
-                 strategy)
-model.compile(optimizer="sgd", loss="mse")
+
+def make_model():  # compiled inside the strategy's scope, by mk.build
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
+    model.compile(optimizer="sgd", loss="mse")
+    return model
+
+model = mk.build(make_model, strategy)
 data = mk.distribute((np.ones((64, 4)), np.ones((64, 1))), strategy, global_batch_size=32)
 model.fit(data, callbacks=[mk.callbacks.NaNGuard(), mk.callbacks.ReplicaSyncCheck(100)])
 ```

@@ -106,9 +106,13 @@ class NaNGuard(keras.callbacks.Callback):
     import numpy as np
 
     strategy = mk.strategy(cpu_replicas=2)
-    model = mk.build(lambda: keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)]),
-                     strategy)
-    model.compile(optimizer="sgd", loss="mse")
+
+    def make_model():  # compiled inside the strategy's scope, by mk.build
+        model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
+        model.compile(optimizer="sgd", loss="mse")
+        return model
+
+    model = mk.build(make_model, strategy)
     x, y = np.ones((256, 4), "float32"), np.ones((256, 1), "float32")
     x[100] = np.nan  # step 3 (global batch 32), first half of its batch: replica 0
     try:

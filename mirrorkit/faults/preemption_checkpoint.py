@@ -82,9 +82,13 @@ class PreemptionCheckpoint(keras.callbacks.Callback):
     import mirrorkit as mk
 
     strategy = mk.strategy(cpu_replicas=2)
-    model = mk.build(lambda: keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)]),
-                     strategy)
-    model.compile(optimizer="sgd", loss="mse")
+
+    def make_model():  # compiled inside the strategy's scope, by mk.build
+        model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
+        model.compile(optimizer="sgd", loss="mse")
+        return model
+
+    model = mk.build(make_model, strategy)
     x, y = np.ones((1024, 4)), np.ones((1024, 1))
     data = mk.distribute((x, y), strategy, global_batch_size=256)  # shuffled: resumes in order
     model.fit(data, epochs=3, callbacks=[mk.PreemptionCheckpoint("run1/preempt", data)])

@@ -125,10 +125,13 @@ def distribute(
     import numpy as np
     import mirrorkit as mk
 
+    def make_model():  # built and compiled inside the strategy's scope, by mk.build
+        model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
+        model.compile(optimizer="adam", loss="mse", metrics=["mae"])
+        return model
+
     strategy = mk.strategy(cpu_replicas=2)
-    model = mk.build(lambda: keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)]),
-                     strategy)
-    model.compile(optimizer="sgd", loss="mse")
+    model = mk.build(make_model, strategy)
     x, y = np.ones((100, 4), "float32"), np.zeros((100, 1), "float32")
     train = mk.distribute((x, y), strategy, global_batch_size=32, seed=0)
     model.fit(train, epochs=2)  # 3 steps per epoch; the last 4 examples are dropped, said once

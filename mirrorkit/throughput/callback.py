@@ -81,9 +81,13 @@ class ThroughputCallback(keras.callbacks.Callback):
     import mirrorkit as mk
 
     strategy = mk.strategy(cpu_replicas=2)
-    model = mk.build(lambda: keras.Sequential([keras.Input((8,)), keras.layers.Dense(1)]),
-                     strategy)
-    model.compile(optimizer="sgd", loss="mse")
+
+    def make_model():  # compiled inside the strategy's scope, by mk.build
+        model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(1)])
+        model.compile(optimizer="sgd", loss="mse")
+        return model
+
+    model = mk.build(make_model, strategy)
     x, y = np.ones((4096, 8), "float32"), np.ones((4096, 1), "float32")
     throughput = mk.ThroughputCallback(warmup_steps=5)
     history = model.fit(mk.distribute((x, y), strategy, global_batch_size=64), epochs=2,

@@ -30,9 +30,36 @@ def _arrays_on_workers(strategy):
     return _local_ids(strategy, train), _local_ids(strategy, evaluation), train.dropped_per_epoch
 
 
+def _sharded_twice_on_workers(strategy):
+    """What the chief says of a dataset that already shards, then of one that does not."""
+    import logging
+
+    import tensorflow as tf
+
+    import mirrorkit as mk
+    from mirrorkit import notices
+
+    said = []
+    handler = logging.Handler()
+    handler.emit = lambda record: said.append(record.getMessage())
+    notices.LOGGER.addHandler(handler)
+    try:
+        examples = tf.data.Dataset.range(64)
+        mk.distribute(examples, strategy, global_batch_size=8, shuffle=False)
+        unsharded = [m for m in said if "already takes one shard" in m]
+        mk.distribute(examples.shard(2, 0), strategy, global_batch_size=8, shuffle=False)
+    finally:
+        notices.LOGGER.removeHandler(handler)
+    return unsharded, [m for m in said if "already takes one shard" in m]
+
+
 def distribute_scenarios(strategy, data_dir):
-    """In each worker of the shared job: both scenarios, on its strategy."""
-    return {"arrays": _arrays_on_workers(strategy), "tfds": _tfds_on_workers(strategy, data_dir)}
+    """In each worker of the shared job: the scenarios, on its strategy."""
+    return {
+        "arrays": _arrays_on_workers(strategy),
+        "tfds": _tfds_on_workers(strategy, data_dir),
+        "sharded_twice": _sharded_twice_on_workers(strategy),
+    }
 
 
 @pytest.fixture(scope="module")
@@ -49,6 +76,13 @@ def test_two_workers_share_each_epoch_without_overlap(job):
     assert len(set(range(NUM_EXAMPLES)) - set(seen)) == dropped == NUM_EXAMPLES % GLOBAL_BATCH
     assert sorted(eval0 + eval1) == list(range(NUM_EXAMPLES))  # every example exactly once
     assert not set(eval0) & set(eval1)
+
+
+def test_a_dataset_that_already_shards_is_said_once_to_be_sharded_again(job):
+    (unsharded, sharded), (on_worker_1, _) = [scenarios["sharded_twice"] for scenarios in job]
+    assert unsharded == [] and on_worker_1 == []  # the chief says it, once
+    assert len(sharded) == 1 and "divides it between the 2 workers again" in sharded[0]
+    assert "A pipeline that already shards per worker" in sharded[0]
 
 
 def _tfds_on_workers(strategy, data_dir):

@@ -266,3 +266,30 @@ def _caches_a_shuffle(dataset: tf.data.Dataset, max_depth: int = 64) -> bool:
         if node is None:
             return False
     return False
+
+
+def shards(dataset: tf.data.Dataset, max_depth: int = 64) -> bool:
+    """Whether `dataset` already takes one shard of its input (``dataset.shard(n, i)``).
+
+    Example:
+    ```python
+    import tensorflow as tf
+
+    from mirrorkit.pipeline.batched import shards
+
+    assert shards(tf.data.Dataset.range(8).shard(2, 0).batch(2))
+    assert not shards(tf.data.Dataset.range(8).batch(2))
+    ```
+    """
+    _verify()
+    node = dataset
+    for _ in range(max_depth):
+        if type(node).__name__.lstrip("_").removesuffix("Dataset") == "Shard":
+            return True
+        inputs = internals.require(
+            node, "_inputs", name="tf.data Dataset._inputs()", used_for=_USED_FOR
+        )()
+        if len(inputs) != 1:
+            return any(shards(d, max_depth) for d in inputs)
+        node = inputs[0]
+    return False

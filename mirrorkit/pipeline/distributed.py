@@ -7,6 +7,7 @@ which builds the tf.data pipeline for that kind.
 
 from __future__ import annotations
 
+import logging
 import warnings
 from collections.abc import Callable
 from typing import Any
@@ -222,10 +223,11 @@ def _distribute(
         class_weight,
     )
     options.repeat, options.order = repeat, order
-    if keep_batches:
-        workers = workers_lib.num_workers(strategy)
-        return assemble.kept_batches(data, found, strategy, sizes, options, workers), None
     workers = workers_lib.num_workers(strategy)
+    if isinstance(data, tf.data.Dataset) and workers > 1 and options.shard != "off":
+        _say_sharded_twice(data, workers)
+    if keep_batches:
+        return assemble.kept_batches(data, found, strategy, sizes, options, workers), None
     announce = options.shuffle and seed is None  # said once the pipeline is made, not before
     if options.shuffle:
         seed = _agreed_seed(strategy, workers) if seed is None else int(seed)
@@ -334,3 +336,15 @@ def _say_seed(made: Any, seed: int | None, announce: bool) -> Any:
     return made
 
 
+def _say_sharded_twice(data: tf.data.Dataset, workers: int) -> None:
+    """Warns once when a dataset that already takes one shard is divided between workers again."""
+    if batched.shards(data):
+        chief.say_once(
+            "sharded-twice",
+            f"WARNING: this dataset already takes one shard of its input (dataset.shard), and "
+            f"mk.distribute divides it between the {workers} workers again: each worker would "
+            f"train on 1/{workers} of its own shard. If your pipeline shards per worker, hand "
+            "mk.distribute a function of the input context that returns it (docs/inputs.md, "
+            "'A pipeline that already shards per worker').",
+            logging.WARNING,
+        )

@@ -48,9 +48,11 @@ def _sharded_twice_on_workers(strategy):
         mk.distribute(examples, strategy, global_batch_size=8, shuffle=False)
         unsharded = [m for m in said if "already takes one shard" in m]
         mk.distribute(examples.shard(2, 0), strategy, global_batch_size=8, shuffle=False)
+        mk.distribute(examples, strategy, global_batch_size=8, shuffle=False, shard="off")
     finally:
         notices.LOGGER.removeHandler(handler)
-    return unsharded, [m for m in said if "already takes one shard" in m]
+    off = [m for m in said if "shard='off'" in m or "by off" in m]
+    return unsharded, [m for m in said if "already takes one shard" in m], off
 
 
 def distribute_scenarios(strategy, data_dir):
@@ -79,10 +81,14 @@ def test_two_workers_share_each_epoch_without_overlap(job):
 
 
 def test_a_dataset_that_already_shards_is_said_once_to_be_sharded_again(job):
-    (unsharded, sharded), (on_worker_1, _) = [scenarios["sharded_twice"] for scenarios in job]
+    (unsharded, sharded, off), (_, on_worker_1, _) = [s["sharded_twice"] for s in job]
     assert unsharded == [] and on_worker_1 == []  # the chief says it, once
     assert len(sharded) == 1 and "divides it between the 2 workers again" in sharded[0]
     assert "A pipeline that already shards per worker" in sharded[0]
+    assert off == [
+        "input not split among the 2 workers (shard='off'): each worker's batches are its own "
+        "pipeline's"
+    ]
 
 
 def _tfds_on_workers(strategy, data_dir):

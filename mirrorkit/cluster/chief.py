@@ -31,14 +31,20 @@ def is_chief() -> bool:
     Returns:
         Whether this process is the chief.
 
+    It is for your own side effects (a report, an upload, a notification).
+    Keras's own saving (``model.save``, ``export``) is called on every worker:
+    mirrorkit writes its file once, from the chief (``docs/compat.md``,
+    "Saving from every worker").
+
     Example:
     ```python
-    import keras
+    import json
+
     import mirrorkit as mk
 
-    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
-    if mk.is_chief():
-        model.save("model.keras")
+    if mk.is_chief():  # one report for the job, not one per worker
+        with open("run.json", "w") as f:
+            json.dump({"workers": mk.describe(mk.strategy()).num_workers}, f)
     ```
     """
     return cluster_info.from_environment().is_chief

@@ -182,7 +182,13 @@ def _distribute_global_batches(
     shard = "example" if options.shard == "auto" else options.shard
     tf_options = tf.data.Options()
     tf_options.experimental_distribute.auto_shard_policy = SHARD_POLICIES[shard]
-    if workers > 1:
+    if workers > 1 and shard == "off":
+        chief.say_once(
+            "shard-off",
+            f"input not split among the {workers} workers (shard='off'): each worker's batches "
+            "are its own pipeline's",
+        )
+    elif workers > 1:
         chief.say_once(
             f"shard-{shard}",
             f"input split among {workers} workers by {shard}"

@@ -183,17 +183,23 @@ class Cluster:
         return done
 
     def sbatch(self, argv: list[str], *, timeout: float, cwd: str | None = None) -> tuple[int, str]:
-        """Submits ``sbatch argv`` from node 0 and waits for the job; returns (exit code, state).
+        """Submits ``sbatch argv`` from node 0 and waits for the job; returns (exit code, state)."""
+        return self.wait(self.submit(argv, cwd=cwd), timeout=timeout)
+
+    def submit(self, argv: list[str], *, cwd: str | None = None) -> str:
+        """Submits ``sbatch argv`` from node 0; returns the job id."""
+        submitted = self.run(["sbatch", "--parsable", *argv], timeout=30, cwd=cwd)
+        return submitted.stdout.strip().split(";")[0]
+
+    def wait(self, job: str, *, timeout: float) -> tuple[int, str]:
+        """Waits for `job` to end; returns (exit code, state).
 
         Polls ``scontrol show job`` twice a second: ``sbatch --wait`` polls at
         growing intervals and returned 30 s after a 10 s job.
         """
-        submitted = self.run(["sbatch", "--parsable", *argv], timeout=30, cwd=cwd)
-        job = submitted.stdout.strip().split(";")[0]
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            shown = self.run(["scontrol", "-o", "show", "job", job], timeout=30).stdout
-            fields = dict(f.split("=", 1) for f in shown.split() if "=" in f)
+            fields = self.job(job)
             if fields.get("JobState") not in (
                 None,
                 "PENDING",
@@ -204,6 +210,11 @@ class Cluster:
                 return int(fields["ExitCode"].split(":")[0]), fields["JobState"]
             time.sleep(0.5)
         raise TimeoutError(f"Slurm job {job} did not end in {timeout:g} s:\n{self.logs()}")
+
+    def job(self, job: str) -> dict[str, str]:
+        """``scontrol show job``'s fields of `job` (empty once Slurm forgot it)."""
+        shown = self.run(["scontrol", "-o", "show", "job", job], timeout=30, check=False).stdout
+        return dict(f.split("=", 1) for f in shown.split() if "=" in f)
 
     def logs(self) -> str:
         """The daemons' log tails, for a failure message."""

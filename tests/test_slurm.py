@@ -20,6 +20,7 @@ root, no iproute2).
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import time
@@ -188,3 +189,84 @@ def test_a_batch_script_outside_srun_is_told_it_trains_alone(cluster, tmp_path):
     assert exit_code == 0, job[-4000:]
     assert "has 4 task(s) on 2 node(s), but this process is not a task of a job step" in job, job
     assert "`srun python SCRIPT`" in job
+
+
+_TIME_LIMITED_TRAIN = """\
+import argparse, os, sys
+sys.path.insert(0, {examples!r})
+import numpy as np
+import mirrorkit as mk
+import train  # examples/slurm/train.py: its data and model
+
+parser = argparse.ArgumentParser()
+parser.add_argument("--checkpoint-dir", required=True)
+parser.add_argument("--out", default="weights.npy")
+args = parser.parse_args()
+strategy = mk.strategy()
+model = mk.build(train.make_model, strategy)
+data = mk.distribute(train.make_data(), strategy, global_batch_size=train.GLOBAL_BATCH, seed=0)
+model.fit(data, epochs={epochs}, verbose=2 if mk.is_chief() else 0,
+          callbacks=[mk.PreemptionCheckpoint(args.checkpoint_dir, data)])
+if mk.is_chief():
+    np.save(args.out, np.concatenate([w.ravel() for w in model.get_weights()]))
+"""
+_TIME_LIMITED_EPOCHS = 40
+
+
+def _time_limit_recipe(train: Path, sbatch: Path) -> str:
+    """docs/clusters/slurm.md's time-limit batch script, running `train` with this Python."""
+    page = (ROOT / "docs" / "clusters" / "slurm.md").read_text()
+    section = page[page.index("## A job that hits its time limit") :]
+    script = re.search(r"```bash\n(.*?)```", section, re.S)[1]
+    for said, meant in [
+        ("python train.py", f"{sys.executable} {train}"),
+        ("sbatch train.sbatch", f"sbatch {sbatch}"),
+    ]:
+        assert said in script, f"the page's batch script no longer runs {said!r}"
+        script = script.replace(said, meant)
+    return script
+
+
+def test_the_time_limit_recipe_saves_at_the_signal_and_the_next_job_resumes(cluster, tmp_path):
+    """The page's batch script, with `scancel --signal=TERM` standing in for --signal=TERM@N.
+
+    Both signal every task of the job's steps and not the batch script; the limit itself
+    would make the test wait for it.
+    """
+    train = tmp_path / "train.py"
+    train.write_text(
+        _TIME_LIMITED_TRAIN.format(examples=str(Path(TRAIN).parent), epochs=_TIME_LIMITED_EPOCHS)
+    )
+    sbatch = tmp_path / "train.sbatch"
+    sbatch.write_text(_time_limit_recipe(train, sbatch))
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "TF_CONFIG"))}
+    one_device = subprocess.Popen(
+        [sys.executable, str(train), "--checkpoint-dir", "alone", "--out", "alone.npy"],
+        cwd=tmp_path,
+        env={**env, "TF_CPP_MIN_LOG_LEVEL": "2"},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    first = cluster.submit([str(sbatch)], cwd=str(tmp_path))
+    log = tmp_path / f"train-{first}.out"
+    deadline = time.monotonic() + JOB_TIMEOUT_S
+    while "Epoch 4/" not in (log.read_text() if log.exists() else ""):
+        assert time.monotonic() < deadline, cluster.logs()
+        assert cluster.job(first).get("JobState") in ("PENDING", "CONFIGURING", "RUNNING"), (
+            log.read_text() if log.exists() else cluster.logs()
+        )
+        time.sleep(0.2)
+    cluster.run(["scancel", "--signal=TERM", first], timeout=30)
+    exit_code, state = cluster.wait(first, timeout=JOB_TIMEOUT_S)
+    said = log.read_text()
+    assert (exit_code, state) == (42, "FAILED"), said[-6000:] + cluster.logs()
+    assert "checkpoint saved in runs/run1/preempt at epoch" in said, said[-6000:]
+    assert "Submitted batch job" in said, said[-6000:]
+    second = said.rsplit("Submitted batch job", 1)[1].split()[0]
+    assert cluster.wait(second, timeout=JOB_TIMEOUT_S) == (0, "COMPLETED"), cluster.logs()
+    resumed = (tmp_path / f"train-{second}.out").read_text()
+    assert "resuming from the preemption checkpoint at epoch" in resumed, resumed[-6000:]
+    alone, _ = one_device.communicate(timeout=JOB_TIMEOUT_S)
+    assert one_device.returncode == 0, alone[-4000:]
+    _same_as_one_device(np.load(tmp_path / "weights.npy"), np.load(tmp_path / "alone.npy"))

@@ -261,3 +261,56 @@ def test_the_repairs_page_says_what_its_turn_off_example_prints():
         f"docs/compat.md, 'Turn the repairs off', quotes {quoted!r}; the example prints "
         f"{done.stdout!r}"
     )
+
+
+#: Before a fenced block on a docs page: the block is what the python example above it prints.
+_QUOTED = re.compile(r"^<!-- printed by the example above -->\s*$")
+
+
+def _quoted_outputs() -> list[tuple[Example, str, int]]:
+    """(example, quoted text, its line) for each block marked as an example's printed output."""
+    found = []
+    for page in sorted((ROOT / "docs").rglob("*.md")):
+        path = str(page.relative_to(ROOT))
+        lines = page.read_text().splitlines()
+        for i, line in enumerate(lines):
+            if not _QUOTED.match(line):
+                continue
+            start = next(j for j in range(i + 1, len(lines)) if lines[j].startswith("```"))
+            end = next(j for j in range(start + 1, len(lines)) if lines[j].startswith("```"))
+            above = [e for e in EXAMPLES if e.path == path and e.line < i + 1]
+            assert above, f"{path}:{i + 1}: no python example above the marked output"
+            example = max(above, key=lambda e: e.line)
+            found.append((example, "\n".join(lines[start + 1 : end]), i + 1))
+    return found
+
+
+QUOTED = _quoted_outputs()
+
+
+@pytest.mark.parametrize(
+    ("example", "quoted", "line"), QUOTED, ids=[f"{e.path}:{line}" for e, _, line in QUOTED]
+)
+def test_a_quoted_output_is_what_its_example_prints(
+    example, quoted, line, tmp_path, monkeypatch, capfd
+):
+    """Every line of the quoted block, but a `...`, is a line the example printed (or said)."""
+    if _KERAS_TUNER.search(example.code):
+        pytest.importorskip("keras_tuner", reason="the tuner extra: pip install -e '.[tuner]'")
+    if example.script:
+        output = run_script(example, tmp_path)
+    else:
+        from mirrorkit import notices
+
+        monkeypatch.setattr(notices, "_said", set())  # its notices, said again here
+        monkeypatch.chdir(tmp_path)
+        capfd.readouterr()
+        run_here(example)
+        output = "".join(capfd.readouterr())
+    printed = [printed.rstrip() for printed in output.splitlines()]
+    for quoted_line in quoted.splitlines():
+        if quoted_line.strip() not in ("", "..."):
+            assert quoted_line.rstrip() in printed, (
+                f"{example.path}:{line} quotes {quoted_line!r}, which the example at "
+                f"{example.id} does not print; it printed:\n" + "\n".join(printed[-40:])
+            )

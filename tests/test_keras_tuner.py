@@ -53,14 +53,14 @@ def build(hp):
 
 strategy = mk.strategy() if mode in ("worker", "told_apart") else None
 seed = 7 if mode != "told_apart" else 7 + mk.describe(strategy).worker_index
-tuner = keras_tuner.RandomSearch(
-    build, objective="val_loss", max_trials=3, seed=seed, directory=directory,
+tuner = keras_tuner.Hyperband(  # keras.io's distributed tuning guide: Hyperband, EarlyStopping
+    build, objective="val_loss", max_epochs=4, factor=2, seed=seed, directory=directory,
     project_name="search", distribution_strategy=strategy,
 )
-tuner.search(x, y, batch_size=16, epochs=2, validation_data=(x[:32], y[:32]), verbose=0,
-             shuffle=False)
+tuner.search(x, y, batch_size=16, validation_data=(x[:32], y[:32]), verbose=0, shuffle=False,
+             callbacks=[keras.callbacks.EarlyStopping("val_loss", patience=1)])
 if mode in ("chief", "one_device"):
-    trials = tuner.oracle.get_best_trials(num_trials=3)
+    trials = tuner.oracle.get_best_trials(num_trials=100)
     found = {t.trial_id: {"values": t.hyperparameters.values, "score": t.score} for t in trials}
     with open(out, "w") as f:
         json.dump(found, f)
@@ -128,7 +128,7 @@ def test_a_two_worker_launch_tunes_as_one_device_against_a_chief_oracle(tmp_path
             process.kill()
     tuned = json.loads((tmp_path / "chief.json").read_text())
     alone = json.loads((tmp_path / "alone.json").read_text())
-    assert sorted(tuned) == sorted(alone) == ["0", "1", "2"]
+    assert sorted(tuned) == sorted(alone) and len(alone) >= 4, (tuned, alone)
     for trial_id, trial in alone.items():
         assert tuned[trial_id]["values"] == trial["values"]
         assert tuned[trial_id]["score"] == pytest.approx(trial["score"], rel=1e-4)
@@ -142,7 +142,7 @@ def test_workers_handed_different_trials_stop_naming_each_workers_trial(tmp_path
     assert job.returncode != 0
     said = job.stdout + job.stderr
     assert "the workers of one multi-worker job must train the same KerasTuner trial" in said
-    assert "worker 0 got trial 0; worker 1 got trial 0" in said
+    assert "worker 0 got trial 0; worker 1 got trial 0 (this worker's trial" in said
     assert "Give every worker of the job the same KERASTUNER_TUNER_ID" in said
     page = (pathlib.Path(ROOT) / "docs" / "compat.md").read_text()
     quoted = re.search(r"^RuntimeError: the workers of one multi-worker job.*$", page, re.M)[0]

@@ -74,7 +74,7 @@ def _exchange(strategy: Any, row: list[float], trial: Any = None) -> None:
         "the workers of one multi-worker job must train the same KerasTuner trial, but "
         + "; ".join(said)
         + f"{mine}. Give every worker of the job the same KERASTUNER_TUNER_ID (each job its "
-        "own), and a tuner without a chief oracle a fixed seed= (docs/tuning.md)."
+        "own), and a tuner without a chief oracle a fixed seed= other than 0 (docs/tuning.md)."
     )
 
 

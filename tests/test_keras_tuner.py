@@ -54,7 +54,7 @@ def build(hp):
 strategy = mk.strategy() if mode in ("worker", "told_apart") else None
 seed = 7 if mode != "told_apart" else 7 + mk.describe(strategy).worker_index
 tuner = keras_tuner.Hyperband(  # keras.io's distributed tuning guide: Hyperband, EarlyStopping
-    build, objective="val_loss", max_epochs=4, factor=2, seed=seed, directory=directory,
+    build, objective="val_loss", max_epochs=2, factor=2, seed=seed, directory=directory,
     project_name="search", distribution_strategy=strategy,
 )
 tuner.search(x, y, batch_size=16, validation_data=(x[:32], y[:32]), verbose=0, shuffle=False,
@@ -128,7 +128,7 @@ def test_a_two_worker_launch_tunes_as_one_device_against_a_chief_oracle(tmp_path
             process.kill()
     tuned = json.loads((tmp_path / "chief.json").read_text())
     alone = json.loads((tmp_path / "alone.json").read_text())
-    assert sorted(tuned) == sorted(alone) and len(alone) >= 4, (tuned, alone)
+    assert sorted(tuned) == sorted(alone) and len(alone) >= 3, (tuned, alone)
     for trial_id, trial in alone.items():
         assert tuned[trial_id]["values"] == trial["values"]
         assert tuned[trial_id]["score"] == pytest.approx(trial["score"], rel=1e-4)

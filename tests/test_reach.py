@@ -124,7 +124,10 @@ def test_a_keras_tuner_workers_oracle_on_this_machine_is_reached_without_asking(
 def test_a_refused_connection_is_said_once_and_the_worker_sees_the_connection_end(tmp_path):
     port = _free_port()  # nothing listens there on this machine
     answers, said = _launch(tmp_path, port, "--reach", f"localhost:{port}")
-    assert answers == {"0": "", "1": ""}  # connected inside, then closed: no answer
+    # Connected inside, then ended by the relay: an end of stream, or a reset when the relay
+    # closed with the worker's line still unread (which of the two is a race). Never a hang.
+    assert set(answers) == {"0", "1"}
+    assert set(answers.values()) <= {"", "error: ConnectionResetError"}, answers
     assert said.count(f"a worker's connection to 127.0.0.1:{port} (reach) failed") == 1
 
 

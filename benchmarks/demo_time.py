@@ -6,7 +6,7 @@ replicas, 12 epochs of the bundled digits) in a fresh process per run, the
 distributed iterator every epoch), alternated ``--rounds`` times so that a slow
 minute of a shared machine falls on both. It prints each run's ``fit`` time
 (the wall time until the throughput verdict), test accuracy and the median of
-each side; ``docs/benchmarks.md`` ("One iterator per fit") has its figures.
+each side; the Benchmarks page has its figures (docs: benchmarks/#one-iterator-per-fit).
 
 Run it as ``python benchmarks/demo_time.py --rounds 3``.
 

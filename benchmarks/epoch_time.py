@@ -19,7 +19,8 @@ the median is over the epochs after the first (which traces the step):
   which also keeps one iterator per fit only for mirrorkit's own datasets.
 
 Run it as ``python benchmarks/epoch_time.py`` (``--workers`` adds the 2-worker rows); it prints
-a table and, with ``--json PATH``, writes the figures. ``docs/benchmarks.md`` has its tables.
+a table and, with ``--json PATH``, writes the figures. the Benchmarks page has its tables
+(docs: benchmarks/).
 
 Example:
 ```python
@@ -117,7 +118,7 @@ def run_placement(way: str, replicas: int, epochs: int) -> list[float]:
             strategy = tf.distribute.MirroredStrategy([f"/cpu:{i}" for i in range(replicas)])
         else:  # a worker of a job: TF_CONFIG says who it is
             strategy = tf.distribute.MultiWorkerMirroredStrategy()
-            import mirrorkit.compat  # plain Keras 3 cannot fit under it (docs/compat.md)
+            import mirrorkit.compat  # plain Keras 3 cannot fit under it (docs: compat/)
 
             mirrorkit.compat.enable(strategy)
         with strategy.scope():

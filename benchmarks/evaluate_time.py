@@ -7,7 +7,8 @@ the calls) and off (Keras makes one every call, as mirrorkit did before), each i
 process, alternated ``--rounds`` times. The median leaves out each method's first call (which
 traces the step).
 
-Run it as ``python benchmarks/evaluate_time.py``; ``docs/benchmarks.md`` has its table.
+Run it as ``python benchmarks/evaluate_time.py``; the Benchmarks page has its table
+(docs: benchmarks/).
 
 Example:
 ```python

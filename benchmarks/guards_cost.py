@@ -1,6 +1,7 @@
 """NaNGuard overhead and ReplicaSyncCheck cost on 2 CPU replicas (a 3-layer MLP, 200k parameters).
 
-The figures in docs/guards.md come from this script: ``python benchmarks/guards_cost.py``.
+The figures on the Guards page (docs: guards/) come from this script:
+``python benchmarks/guards_cost.py``.
 Steps 11-99 of one epoch are timed, with and without the guard, twice each, alternating.
 """
 

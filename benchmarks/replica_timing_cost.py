@@ -8,7 +8,8 @@ callback's own median step time, which leaves out its warm-up steps (the first s
 ``fit`` traces again: the timing is put into, or taken out of, the compiled step). The cost is
 the median over rounds of on / off - 1, each round's figure the mean of its two epochs of each.
 
-Run it as ``python benchmarks/replica_timing_cost.py``; ``docs/benchmarks.md`` has its figure.
+Run it as ``python benchmarks/replica_timing_cost.py``; the Benchmarks page has its
+figure (docs: benchmarks/#replica-timing-cost).
 
 Example:
 ```python

@@ -6,7 +6,8 @@ of tests/test_sparse_gradients.py's model) and an in-batch softmax without and w
 `mk.all_gather` (tests/test_global_batch_loss.py's model): the largest weight difference from
 one device, in one process with 2 logical CPUs.
 
-Run it as ``python benchmarks/spanning_differences.py``; ``docs/benchmarks.md`` has its table.
+Run it as ``python benchmarks/spanning_differences.py``; the Benchmarks page has its
+table (docs: benchmarks/).
 
 Example:
 ```python

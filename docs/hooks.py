@@ -7,6 +7,10 @@ under that path (``../examples/quickstart.py``) and copied into the site under
 ``source/`` (``source/examples/quickstart.py``). A link to a file that does not
 exist stays unresolved, and ``mkdocs build --strict`` fails on it.
 
+mirrorkit's messages and docstrings name a page of this site by its URL path,
+``docs: compat/#saving-from-every-worker``; on the API pages, which render the
+docstrings, each such path becomes a link to the page.
+
 The notebooks are added twice: as pages (``notebooks/01_quickstart.ipynb``,
 which mkdocs-jupyter renders with their stored outputs) and as files under
 ``../notebooks/`` for links.
@@ -15,9 +19,11 @@ which mkdocs-jupyter renders with their stored outputs) and as files under
 from __future__ import annotations
 
 import pathlib
+import re
 
 from mkdocs.plugins import CombinedEvent, event_priority
 from mkdocs.structure.files import File, Files, InclusionLevel
+from mkdocs.utils import get_relative_url
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
@@ -75,3 +81,20 @@ def _add_linked_files(files: Files, config) -> Files:
 
 
 on_files = CombinedEvent(_add_notebook_pages, _add_linked_files)
+
+
+#: A page of the site named in a message or docstring: ``docs: PAGE/`` or ``docs: PAGE/#SECTION``.
+SITE_REFERENCE = re.compile(r"(?<![\w/])docs: ((?:[a-z0-9_-]+/)+)(#[\w-]+)?")
+
+
+def on_page_content(html: str, page, config, files) -> str:
+    """On the API pages, link each ``docs: PAGE/#SECTION`` a docstring names."""
+    if not page.file.src_uri.startswith("api/"):
+        return html
+
+    def link(match: re.Match) -> str:
+        path, section = match.group(1), match.group(2) or ""
+        href = get_relative_url(path, page.url) + section
+        return f'docs: <a href="{href}">{path}{section}</a>'
+
+    return SITE_REFERENCE.sub(link, html)

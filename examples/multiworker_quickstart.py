@@ -44,7 +44,7 @@ def main():
     data = mk.distribute((x, y), strategy, global_batch_size=GLOBAL_BATCH, seed=0)
 
     throughput = mk.ThroughputCallback(warmup_steps=5)
-    # Progress lines print on the chief only: mirrorkit quiets the other workers' (docs/compat.md).
+    # Progress lines print on the chief only: mirrorkit quiets the other workers' (docs: compat/).
     history = model.fit(data, epochs=3, verbose=2, callbacks=[throughput])
     weights_sum = float(sum(np.sum(w) for w in model.get_weights()))
     print(f"worker {mk.describe().worker_index}: weight checksum {weights_sum:.6f}")

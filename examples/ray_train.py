@@ -14,7 +14,7 @@ Ray also sets ``TF_USE_LEGACY_KERAS=1`` in each worker (Ray's own TensorFlow
 examples use Keras 2); mirrorkit keeps Keras 3 and says so once, on the chief.
 Plain Keras 3 ``fit`` under Ray's MultiWorkerMirroredStrategy fails with
 "Attempt to convert a value (PerReplica: ...) to a Tensor" (ray-project/ray#47464);
-mirrorkit's Keras repairs are what make it train (docs/compat.md).
+mirrorkit's Keras repairs are what make it train (docs: compat/).
 """
 
 import os

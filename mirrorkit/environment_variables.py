@@ -2,7 +2,7 @@
 
 The one home of this contract (torchrun's list of the variables it sets is
 the model): each module takes a variable's name from here, a constant spelled
-as the variable itself (``env.get(TF_CONFIG)``), and `docs/contracts.md` lists
+as the variable itself (``env.get(TF_CONFIG)``), and the Contracts page (docs: contracts/) lists
 `VARIABLES` as a table (a test keeps the page and this module equal, and
 another that no other module spells a ``MIRRORKIT_*`` name or ``TF_CONFIG``).
 
@@ -225,20 +225,20 @@ VARIABLES = (
         KERASTUNER_TUNER_ID,
         "KerasTuner's distributed tuning: `chief` runs the oracle; the workers of one "
         "`mirrorkit launch` share one ID and train the same trial",
-        "the user (docs/tuning.md)",
+        "the user (docs: tuning/)",
         "KerasTuner; mirrorkit's repairs `keras_tuner_ask_together`, `keras_tuner_same_trial`",
     ),
     Variable(
         KERASTUNER_ORACLE_IP,
         "the address of KerasTuner's oracle (its chief)",
-        "the user (docs/tuning.md)",
+        "the user (docs: tuning/)",
         "KerasTuner; `mirrorkit launch` and `mk.launch`, which let the workers in their "
         "private network reach it when it is this machine's loopback",
     ),
     Variable(
         KERASTUNER_ORACLE_PORT,
         "the port of KerasTuner's oracle",
-        "the user (docs/tuning.md)",
+        "the user (docs: tuning/)",
         "KerasTuner; `mirrorkit launch` and `mk.launch` (as KERASTUNER_ORACLE_IP)",
     ),
     Variable(SLURM_JOB_ID, "the Slurm job", _SLURM, f"{_SLURM_READER}; default ports"),

@@ -2,7 +2,7 @@
 
 The one home of this contract: the `mirrorkit` commands, the launcher, the
 start-up wait, the hang watchdog and preemption take their statuses from here,
-and `docs/contracts.md` lists `STATUSES` as a table (a test keeps the page and
+and the Contracts page (docs: contracts/) lists `STATUSES` as a table (a test keeps the page and
 this module equal). Where a convention exists mirrorkit keeps it: 2 for bad
 arguments (argparse), 124 for a time limit (coreutils' ``timeout``), 128 + N
 for a process ended by signal N (the shells'), 42 for a preemption checkpoint
@@ -65,7 +65,7 @@ class ExitStatus:
     returned_by: str
 
 
-#: The table, in the order of the codes (`docs/contracts.md` shows it).
+#: The table, in the order of the codes (docs: contracts/ shows it).
 STATUSES = (
     ExitStatus(OK, "OK", "success", "every command and worker"),
     ExitStatus(

@@ -9,7 +9,7 @@ whose absence turns a feature off with a warning, and `changed` / `warn` say
 that one has changed shape. So a TensorFlow or Keras release that renamed or
 reshaped one gives a clear error or an explicit warning naming the internal
 and the tested versions, never an ``ImportError`` or ``AttributeError`` deep
-in a traceback and never a silent no-op. ``docs/compat.md`` lists every
+in a traceback and never a silent no-op. The Keras repairs page (docs: compat/) lists every
 internal (``tests/test_architecture.py`` checks both).
 """
 
@@ -36,7 +36,7 @@ def _message(name: str, used_for: str, problem: str) -> str:
     return (
         f"mirrorkit uses the private internal {name} ({used_for}), but {problem} in "
         f"TensorFlow {found.tensorflow} / Keras {found.keras}. mirrorkit is tested on "
-        f"{versions.tested_range()}; install a tested pair (see docs/compat.md) or report "
+        f"{versions.tested_range()}; install a tested pair (see docs: compat/) or report "
         "this with `mirrorkit info` output."
     )
 

@@ -3,7 +3,7 @@
 This module is the one place that states the tested range. `mirrorkit info`
 prints it, the compat repairs warn outside it, and `mirrorkit.internals`
 names it when a private TensorFlow or Keras internal is missing. The range is
-what CI's version matrix runs (``.ci/run``; see ``docs/compat.md``).
+what CI's version matrix runs (``.ci/run``; see docs: compat/).
 """
 
 from __future__ import annotations
@@ -132,11 +132,11 @@ class Installed:
         if self.is_next:
             return (
                 f"{pair}: the nightly pair CI's 'next' leg tests (newer than the tested "
-                f"releases, {tested_range()}); see docs/versions.md"
+                f"releases, {tested_range()}); see docs: versions/"
             )
         return (
             f"{pair}: OUTSIDE the tested range ({tested_range()}); mirrorkit may still "
-            "work, see docs/compat.md"
+            "work, see docs: compat/"
         )
 
 

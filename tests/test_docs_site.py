@@ -12,6 +12,9 @@
 - The numbers the pages take from code are the code's: the tested version range, the legs of
   the version matrix, the keras.io examples and their changed lines, the notebooks, the absl
   flags. Every example CI runs is linked from a page.
+- mirrorkit's messages and docstrings name a page of the site (``docs: compat/#section``),
+  never a file of the repository, and each page and section they name exists on the built
+  site; the API pages link them.
 """
 
 from __future__ import annotations
@@ -97,6 +100,52 @@ def test_the_site_builds_in_strict_mode(tmp_path):
     hits = {d["location"].split("#")[0] for d in index if "Unreleased" in d["text"] + d["title"]}
     assert hits == {"changelog/"}, hits
     _how_do_i_answers_are_found(index)
+    _named_pages_exist(site)
+
+
+#: A page of the site a message or docstring names (docs/hooks.py links them on the API pages).
+SITE_REFERENCE = re.compile(r"(?<![\w/])docs: ((?:[a-z0-9_-]+/)+)(#[\w-]+)?")
+
+
+def _package_strings():
+    """(file:line, text) of every string in mirrorkit, its examples and benchmarks."""
+    for folder in ("mirrorkit", "examples", "benchmarks"):
+        for path in sorted((ROOT / folder).rglob("*.py")):
+            for node in ast.walk(ast.parse(path.read_text())):
+                if isinstance(node, ast.Constant) and isinstance(node.value, str):
+                    yield f"{path.relative_to(ROOT)}:{node.lineno}", node.value
+
+
+def _named_pages_exist(site: Path) -> None:
+    """Every `docs: PAGE/#SECTION` in a message, docstring, page or notebook is on the site."""
+    texts = list(_package_strings()) + [
+        (path.relative_to(ROOT).as_posix(), path.read_text())
+        for path in [*DOCS.rglob("*.md"), *(ROOT / "notebooks").glob("*.ipynb")]
+    ]
+    named = 0
+    for where, text in texts:
+        for match in SITE_REFERENCE.finditer(text):
+            page, section = match.group(1), match.group(2)
+            target = site / page / "index.html"
+            assert target.is_file(), f"{where} names docs: {page}, which is not a page of the site"
+            if section:
+                assert f'id="{section[1:]}"' in target.read_text(), (
+                    f"{where} names docs: {page}{section}, which is not a section of that page"
+                )
+            named += 1
+    assert named > 40, f"only {named} pages named: has the form `docs: PAGE/#SECTION` changed?"
+    compat = (site / "api" / "compat" / "index.html").read_text()
+    assert 'docs: <a href="../../compat/">compat/</a>' in compat, "the API pages link docs: pages"
+
+
+def test_messages_and_docstrings_name_site_pages_not_repository_files():
+    """A message or docstring names `docs: inputs/#section`, the page's path on the site."""
+    files = [
+        f"{where}: {match.group()}"
+        for where, text in _package_strings()
+        for match in re.finditer(r"docs/[\w/-]+\.md", text)
+    ]
+    assert files == [], f"name the site's page (docs: PAGE/#SECTION) instead: {files}"
 
 
 #: Questions users asked, a search term each, and the page that answers it (issue: docs).

@@ -248,7 +248,7 @@ RAW_WORKERS_HOW = (
     "raw: TF_CONFIG written by hand, default TensorFlow threads, no CPU pinning, no allocator "
     "settings, plain tf.distribute.MultiWorkerMirroredStrategy + Keras fit on "
     "experimental_distribute_dataset; of mirrorkit only mirrorkit.compat.enable() (plain "
-    "Keras 3 fails under MultiWorkerMirroredStrategy without it, docs/compat.md)"
+    "Keras 3 fails under MultiWorkerMirroredStrategy without it, docs: compat/)"
 )
 
 

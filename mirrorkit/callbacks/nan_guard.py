@@ -82,7 +82,7 @@ class NaNGuard(keras.callbacks.Callback):
     Cost: each ``fit`` traces the step once more (the check is compiled into
     it), and each step checks every gradient and reads the verdict (measured
     +9% step time on 2 CPU replicas with a 200k-parameter MLP; see
-    docs/guards.md, ``benchmarks/guards_cost.py``). ``steps_per_execution > 1``
+    docs: guards/, ``benchmarks/guards_cost.py``). ``steps_per_execution > 1``
     still names the exact step.
 
     With a ``LossScaleOptimizer`` (``mixed_float16``) it checks each

@@ -33,8 +33,7 @@ def is_chief() -> bool:
 
     It is for your own side effects (a report, an upload, a notification).
     Keras's own saving (``model.save``, ``export``) is called on every worker:
-    mirrorkit writes its file once, from the chief (``docs/compat.md``,
-    "Saving from every worker").
+    mirrorkit writes its file once, from the chief (docs: compat/#saving-from-every-worker).
 
     Example:
     ```python

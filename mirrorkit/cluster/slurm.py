@@ -331,7 +331,7 @@ def outside_step_note(
         "this process is not a task of a job step (no SLURM_STEP_ID: a batch script or an "
         f"salloc shell), so the job's other tasks are not running and {consequence}. "
         "Start one task per worker with `srun python SCRIPT`, or one launcher per node with "
-        "`srun --ntasks-per-node=1 mirrorkit launch -n K SCRIPT` (docs/clusters.md, Slurm)"
+        "`srun --ntasks-per-node=1 mirrorkit launch -n K SCRIPT` (docs: clusters/slurm/)"
     )
 
 

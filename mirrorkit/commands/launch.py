@@ -124,7 +124,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=int,
         default=None,
         help=f"first worker port on each host in a multi-host job (default {hosts.DEFAULT_PORT}; "
-        "under Slurm, MIRRORKIT_PORT, else one from SLURM_JOB_ID: see docs/clusters.md)",
+        "under Slurm, MIRRORKIT_PORT, else one from SLURM_JOB_ID: see docs: clusters/slurm/)",
     )
     parser.add_argument(
         "--tf-startup-logs",

@@ -4,7 +4,7 @@ Each repair lives in its own module, names its upstream issue, and is applied
 only where a strategy needs it: `mk.strategy()` calls `enable` on the strategy
 it returns, and users who build their own `tf.distribute` strategies call
 `enable()` themselves. Applying is idempotent; the chief says once per process
-how many repairs are active (`active()` names them). ``docs/compat.md`` gives
+how many repairs are active (`active()` names them). The Keras repairs page (docs: compat/) gives
 each failure's account: symptom, upstream report, repair, the TensorFlow/Keras
 pairs it was tested on and the test that reproduces it.
 
@@ -13,16 +13,16 @@ pairs it was tested on and the test that reproduces it.
 | ``symbolic_build`` | keras#20585, #19246 | multi-worker ``fit``/``evaluate``; a first batch smaller than the replica count; string inputs; a model without ``call()`` (GANs, VAEs) |
 | ``multi_worker_reduce`` | keras#20585 | multi-worker losses and metrics (``axis=0`` on scalars) |
 | ``step_function`` | keras#21366, tensorflow#56423 | ``steps_per_execution > 1`` and ``jit_compile=True`` with several replicas |
-| ``predict_without_xla_build``, ``predict_on_batch_split`` | none found (``docs/compat.md``) | ``predict`` with ``jit_compile=True`` (XLA per replica fails); ``predict_on_batch`` returned N copies of each row |
+| ``predict_without_xla_build``, ``predict_on_batch_split`` | none found (docs: compat/) | ``predict`` with ``jit_compile=True`` (XLA per replica fails); ``predict_on_batch`` returned N copies of each row |
 | ``one_device_*``, ``averaged_gradients`` | keras#19891 | a custom ``train_step`` that reduces its loss by hand trains at N times one device's gradient; Keras's losses log 1/N |
 | ``optimizer_variables`` | keras#23085 (fixed by #23087) | optimizers other than ``model.optimizer`` (``d_optimizer``, ``g_optimizer``), ``MultiOptimizer``, custom loops: "You must feed a value for placeholder tensor" |
-| ``gradient_accumulation`` | none found (``docs/compat.md``) | optimizer ``gradient_accumulation_steps`` with several replicas |
-| ``agreed_loss_scale`` | none found (``docs/compat.md``) | ``mixed_float16``: an overflow on a replica other than the first is applied (NaN weights); across workers, a hang |
-| ``chief_backup_*``, ``chief_checkpoint_save`` | none found (``docs/compat.md``) | ``BackupAndRestore``/``ModelCheckpoint`` written by every worker |
+| ``gradient_accumulation`` | none found (docs: compat/) | optimizer ``gradient_accumulation_steps`` with several replicas |
+| ``agreed_loss_scale`` | none found (docs: compat/) | ``mixed_float16``: an overflow on a replica other than the first is applied (NaN weights); across workers, a hang |
+| ``chief_backup_*``, ``chief_checkpoint_save`` | none found (docs: compat/) | ``BackupAndRestore``/``ModelCheckpoint`` written by every worker |
 | ``chief_tensorboard*``, ``chief_csv_*``, ``chief_progbar`` | tensorboard#1011 | one TensorBoard run, CSV and progress bar per worker |
 | ``agreed_stop_*`` | HybridBackend#88 | ``model.stop_training`` set on one worker only: the others hang |
 | ``shared_early_stopping``, ``shared_reduce_lr`` | HybridBackend#88 | ``EarlyStopping``/``ReduceLROnPlateau`` deciding on per-worker values |
-| ``chief_model_save*``, ``chief_model_export``, ``chief_saved_model`` | none found (``docs/compat.md``) | ``model.save``/``export``/SavedModels written by every worker |
+| ``chief_model_save*``, ``chief_model_export``, ``chief_saved_model`` | none found (docs: compat/) | ``model.save``/``export``/SavedModels written by every worker |
 | ``class_weight`` | tensorflow#41290 | ``fit(class_weight=...)`` on an `mk.distribute` dataset |
 | ``one_iterator``, ``one_iterator_validation``, ``one_iterator_evaluate``, ``one_iterator_predict``, ``one_iterator_lend`` | Keras's epoch iterator | ``fit`` on an `mk.distribute` dataset made a new distributed iterator every epoch (half the wall time of small epochs), ``evaluate`` and ``predict`` one every call |
 | ``keras_hub_inputs`` | keras-hub 0.32 | a keras-hub task's ``fit``/``evaluate``/``predict`` on an `mk.distribute` dataset (applied once keras-hub is imported) |
@@ -31,7 +31,7 @@ pairs it was tested on and the test that reproduces it.
 | ``fit_notices`` | keras.io guide, keras#20285 | (says once) a custom ``train_step`` sees one device's losses; trainable BatchNormalization trains on each replica's batch |
 | ``step_chain`` | mirrorkit's own step hooks | a train function Keras traced again (``make_train_function(force=True)``) dropped the hooks around it: ``ThroughputCallback`` before ``NaNGuard`` read every step as host work |
 | ``validation_split_message`` | Keras's own limit | ``fit(validation_split=)`` on a distributed dataset: the error says how to split |
-| ``backup_step_epoch`` | none found (``docs/compat.md``) | ``BackupAndRestore(save_freq=N)``'s backups in a resumed epoch record epoch 0 |
+| ``backup_step_epoch`` | none found (docs: compat/) | ``BackupAndRestore(save_freq=N)``'s backups in a resumed epoch record epoch 0 |
 | optimizer state built by `mk.build` | keras#23085 | custom ``tf.function`` loops with Adam under a strategy |
 """  # noqa: E501
 
@@ -199,7 +199,7 @@ def describe() -> list[dict[str, str]]:
 def prepare_model(model: keras.Model, strategy: tf.distribute.Strategy) -> None:
     """Builds the optimizer's state under `strategy`'s scope (keras#23085).
 
-    See ``docs/compat.md``, "Optimizers built inside the step".
+    See docs: compat/#optimizers-built-inside-the-step.
 
     Keras 3.15.1 and earlier fail in a custom ``tf.function`` training loop
     with a stateful optimizer (Adam) under a strategy, because the optimizer
@@ -225,6 +225,6 @@ def _check_keras_version() -> None:
             "untested-keras",
             f"TensorFlow {found.tensorflow} / Keras {found.keras} is newer than mirrorkit's "
             f"tested range ({versions.tested_range()}); its repairs are applied where their "
-            "targets exist. Run mirrorkit's compat tests (docs/compat.md) to learn which are "
+            "targets exist. Run mirrorkit's compat tests (docs: compat/) to learn which are "
             "still needed.",
         )

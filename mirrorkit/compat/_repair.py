@@ -1,4 +1,4 @@
-"""One repair of Keras: what it replaces and why (``docs/compat.md`` has each one's account).
+"""One repair of Keras: what it replaces and why (each one's account: docs: compat/).
 
 Every patch mirrorkit makes to TensorFlow or Keras is a `Repair`: the process-wide
 ones in `mirrorkit.compat.REPAIRS`, applied by ``compat.enable``; the ones a part
@@ -35,7 +35,7 @@ class Repair:
 
     Attributes:
         name: short name, e.g. ``symbolic_build``.
-        upstream: the upstream issue it repairs (``docs/compat.md`` has the account).
+        upstream: the upstream issue it repairs (its account: docs: compat/).
         module: the dotted module holding the target.
         target: ``"Class.method"`` or ``"function"`` inside `module`.
         replacement: builds the replacement from the original.
@@ -75,7 +75,7 @@ class Repair:
         used_for = f"the '{self.name}' repair ({self.upstream})"
         owner = internals.load_module(self.module, used_for=used_for)
         *path, attr = self.target.split(".")
-        for part in path:  # the class: the repairs' targets are listed in docs/compat.md
+        for part in path:  # the class: the repairs' targets are listed in docs: compat/
             found = internals.renamed(owner, part)  # a class a later Keras renamed, too
             if found is None:
                 raise internals.changed(f"keras {self.module}.{'.'.join(path)}", used_for)

@@ -2,7 +2,7 @@
 
 Upstream: ``LossScaleOptimizer._tf_apply`` (Keras 3.10-3.15.1,
 keras/src/optimizers/loss_scale_optimizer.py); no report found
-(``docs/compat.md``, "Mixed precision across replicas"). With
+(docs: compat/#mixed-precision-across-replicas). With
 ``mixed_float16`` Keras wraps the optimizer in a ``LossScaleOptimizer``: a
 step whose scaled gradients are not finite is skipped and the loss scale
 halved. Under a strategy Keras decides that from the *first local replica's*
@@ -141,7 +141,8 @@ def _no_value(_result) -> None:
 
 REPAIR = Repair(
     name="agreed_loss_scale",
-    upstream="LossScaleOptimizer._tf_apply decides from one replica (docs/compat.md)",
+    upstream="LossScaleOptimizer._tf_apply decides from one replica "
+    "(docs: compat/#mixed-precision-across-replicas)",
     module=_MODULE,
     target="LossScaleOptimizer._tf_apply",
     replacement=_replacement,

@@ -2,8 +2,8 @@
 
 Upstream: no Keras report found; the same hang is reported for other
 frameworks' early stopping (DeepRec-AI/HybridBackend#88, tensorflow/estimator#49
-added a multi-worker early-stopping hook to Estimator); ``docs/compat.md``,
-"Stopping on one worker only". Keras's ``fit`` leaves its loop when
+added a multi-worker early-stopping hook to Estimator); docs: compat/#stopping-on-one-worker-only.
+Keras's ``fit`` leaves its loop when
 ``model.stop_training`` is set, checked after each ``on_train_batch_end`` and
 each ``on_epoch_end``. A callback that sets it from a value that differs
 between workers (``TerminateOnNaN`` on ``step_logs="local"`` losses, a user
@@ -133,7 +133,7 @@ def _agree(callbacks, where: str) -> None:
             chief.say_once(
                 "agreed-stop",
                 f"worker(s) {who} set model.stop_training {where}; every worker stops there "
-                "(docs/compat.md, 'Stopping on one worker only')",
+                "(docs: compat/#stopping-on-one-worker-only)",
             )
         model.stop_training = True
 

@@ -1,7 +1,7 @@
 """Repair: Keras's step backups in a resumed epoch record that epoch, not epoch 0.
 
-Upstream: no report found; ``docs/compat.md``, "The epoch a resumed fit is
-in". Keras 3's ``BackupAndRestore(save_freq=N)`` writes ``_current_epoch``
+Upstream: no report found; docs: compat/#the-epoch-a-resumed-fit-is-in.
+Keras 3's ``BackupAndRestore(save_freq=N)`` writes ``_current_epoch``
 into each step backup's ``training_metadata.json``, and sets it only at an
 epoch's end (to the next epoch). A run resumed from a backup builds a new
 callback, whose ``_current_epoch`` is 0 until its first epoch ends: every
@@ -42,7 +42,7 @@ def _on_epoch_begin(original):
 
 REPAIR = Repair(
     name="backup_step_epoch",
-    upstream="none found (docs/compat.md)",
+    upstream="none found (docs: compat/#the-epoch-a-resumed-fit-is-in)",
     module="keras.src.callbacks.backup_and_restore",
     target="BackupAndRestore.on_epoch_begin",
     replacement=_on_epoch_begin,

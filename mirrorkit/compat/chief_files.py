@@ -1,7 +1,7 @@
 """Repair: only the chief writes checkpoints and backups in a multi-worker job.
 
-Upstream: no report found; ``docs/compat.md``, "Callbacks that write from
-every worker". Keras 3's callbacks have no notion of a chief
+Upstream: no report found; docs: compat/#callbacks-that-write-from-every-worker.
+Keras 3's callbacks have no notion of a chief
 (tf-keras had ``distributed_file_utils``; Keras 3 has none), so under
 MultiWorkerMirroredStrategy every worker writes the same paths:
 ``BackupAndRestore(dir)`` kills the job when one worker's ``makedirs`` raises

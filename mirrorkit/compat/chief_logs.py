@@ -1,8 +1,8 @@
 """Repair: one TensorBoard run, one CSV and one progress bar per multi-worker job.
 
 Upstream: no Keras report found; tensorflow/tensorboard#1011 (two writers in
-one run directory hide each other's events); ``docs/compat.md``, "Logs
-written by every worker". Keras 3's callbacks have no notion of a chief (tf-keras had
+one run directory hide each other's events); docs: compat/#logs-written-by-every-worker.
+Keras 3's callbacks have no notion of a chief (tf-keras had
 ``distributed_file_utils``), so every worker of a job runs the same
 ``fit(callbacks=[TensorBoard(d), CSVLogger(f)], verbose=1)``: ``d/train`` and
 ``d/validation`` get one event file per worker (TensorBoard shows interleaved
@@ -85,7 +85,8 @@ def _tensorboard_to_temporary_dir(original):
             chief.say_once(
                 "tensorboard-worker-dirs",
                 "TensorBoard writes from the chief only; the other workers write to a "
-                "temporary directory removed when training ends (docs/compat.md)",
+                "temporary directory removed when training ends "
+                "(docs: compat/#logs-written-by-every-worker)",
             )
         if not off_the_chief(self):
             return original(self, model)

@@ -2,7 +2,7 @@
 
 Upstream: no Keras report found; TensorFlow's multi-worker tutorial has every
 worker save and the non-chief workers write to a temporary path they delete,
-by hand; ``docs/compat.md``, "Saving from every worker". A script that ends
+by hand; docs: compat/#saving-from-every-worker. A script that ends
 in ``model.save("model.keras")`` runs it on every worker: they all write the
 same path at once (a torn file on shared storage), or one copy each where
 each worker has its own disk.
@@ -44,7 +44,7 @@ def _to_temporary_path(original):
                 "non-chief-saves",
                 "model.save/save_weights/export on the workers that are not the chief write "
                 "to a temporary path that is then removed; only the chief's file is kept "
-                "(docs/compat.md, 'Saving from every worker')",
+                "(docs: compat/#saving-from-every-worker)",
             )
         if not not_chief_of(self):
             return original(self, filepath, *args, **kwargs)
@@ -65,7 +65,7 @@ def _saved_model_to_temporary_path(original):
             "non-chief-saved-models",
             "tf.saved_model.save (keras.export.ExportArchive.write_out, model.export) on the "
             "workers that are not the chief writes to a temporary path that is then removed; "
-            "only the chief's SavedModel is kept (docs/compat.md, 'Saving from every worker')",
+            "only the chief's SavedModel is kept (docs: compat/#saving-from-every-worker)",
         )
         if chief.is_chief():
             return original(obj, export_dir, *args, **kwargs)

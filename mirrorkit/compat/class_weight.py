@@ -1,7 +1,7 @@
 """Repair: ``fit(class_weight=...)`` on a dataset `mk.distribute` made.
 
-Upstream: tensorflow/tensorflow#41290; ``docs/compat.md``, "Class weights
-on a distributed dataset". Keras turns ``class_weight`` into sample weights by
+Upstream: tensorflow/tensorflow#41290; docs: compat/#class-weights-on-a-distributed-dataset.
+Keras turns ``class_weight`` into sample weights by
 calling ``.map`` on the input, and a ``tf.distribute.DistributedDataset`` has
 no ``map``: ``AttributeError: 'DistributedDataset' object has no attribute
 'map'``. The replacement of Keras's ``get_data_adapter`` hands the class

@@ -12,8 +12,8 @@ after ``fit(initial_epoch=...)``, after `mk.resumable` or
 it is the first epoch of this ``fit``) to whoever listens, then calls
 Keras's own. It is put in place by the first shuffled `mk.distribute` input
 (on any strategy, one device included), not by `mirrorkit.compat.enable`,
-and ``REPAIR.remove()`` takes it away. ``docs/compat.md``, "The epoch a
-resumed fit is in", has the account.
+and ``REPAIR.remove()`` takes it away. Its account:
+docs: compat/#the-epoch-a-resumed-fit-is-in.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Notices at ``fit``: a custom ``train_step``, and batch normalisation that trains per replica.
 
-Not Keras bugs; ``docs/compat.md``, "Losses in your own train_step" and
+Not Keras bugs; docs: compat/#losses-in-your-own-train_step and
 "Batch normalisation at fit". When ``fit`` (or ``train_on_batch``) makes its
 train function under several replicas, the chief says once:
 

@@ -1,6 +1,6 @@
 """Repair: optimizer ``gradient_accumulation_steps`` under several replicas.
 
-Upstream: no report found; ``docs/compat.md``, "gradient_accumulation_steps".
+Upstream: no report found; docs: compat/#gradient_accumulation_steps.
 Keras 3 optimizers accumulate gradients for K steps when built with
 ``gradient_accumulation_steps=K``, but
 ``BaseOptimizer._backend_apply_gradients`` picks between "apply" and
@@ -152,7 +152,8 @@ def _cross_replica_weight_decay(self, distribution, variables) -> None:
 
 REPAIR = Repair(
     name="gradient_accumulation",
-    upstream="gradient_accumulation_steps under a strategy (docs/compat.md)",
+    upstream="gradient_accumulation_steps under a strategy "
+    "(docs: compat/#gradient_accumulation_steps)",
     module="keras.src.backend.tensorflow.optimizer",
     target="TFOptimizer._backend_apply_gradients",
     replacement=_replacement,

@@ -1,7 +1,7 @@
 """Repair: keras-hub tasks take an `mk.distribute` dataset in ``fit``, ``evaluate`` and ``predict``.
 
 Upstream: keras-hub 0.32, ``keras_hub.src.utils.pipeline_model._build_dataset``;
-``docs/compat.md``, "keras-hub tasks". A keras-hub ``Task`` (``BertTextClassifier``,
+docs: compat/#keras-hub-tasks. A keras-hub ``Task`` (``BertTextClassifier``,
 ...) is a ``PipelineModel``: its ``fit``, ``evaluate`` and ``predict`` pass a
 ``tf.data.Dataset`` (or a grain dataset) through and turn anything else into
 one with ``tf.data.Dataset.from_tensor_slices``, then map the task's

@@ -1,7 +1,7 @@
 """Repair: the workers of one multi-worker job train the same KerasTuner trial, or say why not.
 
 Upstream: KerasTuner 1.4, ``keras_tuner.src.engine.base_tuner.BaseTuner.search``;
-``docs/compat.md``, "KerasTuner trials across workers". In distributed tuning
+docs: compat/#kerastuner-trials-across-workers. In distributed tuning
 (``KERASTUNER_ORACLE_IP``/``_PORT``/``_TUNER_ID``), every worker of a job asks the
 oracle for a trial under the job's one tuner ID, and the oracle hands the trial
 running under that ID to each; only the job's chief reports and ends trials. A
@@ -74,7 +74,7 @@ def _exchange(strategy: Any, row: list[float], trial: Any = None) -> None:
         "the workers of one multi-worker job must train the same KerasTuner trial, but "
         + "; ".join(said)
         + f"{mine}. Give every worker of the job the same KERASTUNER_TUNER_ID (each job its "
-        "own), and a tuner without a chief oracle a fixed seed= other than 0 (docs/tuning.md)."
+        "own), and a tuner without a chief oracle a fixed seed= other than 0 (docs: tuning/)."
     )
 
 

@@ -1,7 +1,6 @@
 """Repair: average scalar losses and metrics across workers without ``axis=0``.
 
-Upstream: keras-team/keras#20585; ``docs/compat.md``, "Multi-worker log
-reduction". In
+Upstream: keras-team/keras#20585; docs: compat/#multi-worker-log-reduction. In
 ``keras/src/backend/tensorflow/trainer.py``, ``reduce_per_replica``'s
 multi-worker branch calls ``strategy.reduce("MEAN", v, axis=0)`` on every log
 value; losses and metrics are scalars, so it raises ``Invalid reduction
@@ -9,7 +8,7 @@ dimension 0 for input with 0 dimensions``. The single-host branch averages the
 replicas' values (``tf.reduce_mean(local_results, axis=0)``); the replacement
 does the same across workers with ``strategy.reduce("MEAN", v, axis=None)``
 and leaves every other reduction (``concat`` for ``predict``, ``sum``,
-``first``) to Keras. Tested on the pairs ``docs/compat.md`` lists.
+``first``) to Keras. Tested on the pairs listed at docs: compat/#tested-range.
 
 With ``mk.build(..., step_logs="local")`` the strategy carries
 `LOCAL_STEP_LOGS` and per-step logs are averaged over this worker's replicas

@@ -1,8 +1,9 @@
 """Repairs: the optimizer updates the weights with one device's gradient of the global batch.
 
 Upstream: keras-team/keras#19891 (loss scaling under tf.distribute) for the
-averaging; none found for clipping and sparse slices (``docs/compat.md``,
-"Clipping and sparse gradients across replicas"). Keras's TensorFlow optimizer
+averaging; none found for clipping and sparse slices
+(docs: compat/#clipping-and-sparse-gradients-across-replicas).
+Keras's TensorFlow optimizer
 (Keras 3.10-3.15) applies a step in each replica in this order: clipping
 (``BaseOptimizer._clip_gradients``), weight decay, then
 ``TFOptimizer._backend_update_step``: the all-reduce (a sum), and the update
@@ -170,7 +171,8 @@ def _clip_after_all_reduce(original):
 
 CLIP = Repair(
     name="clip_after_all_reduce",
-    upstream="clipping acts on each replica's gradient before the all-reduce (docs/compat.md)",
+    upstream="clipping acts on each replica's gradient before the all-reduce "
+    "(docs: compat/#clipping-and-sparse-gradients-across-replicas)",
     module=_OPTIMIZER,
     target="TFOptimizer._clip_gradients",
     replacement=_clip_after_all_reduce,

@@ -2,7 +2,7 @@
 
 Upstream: Keras's loss scaling for tf.distribute (keras-team/keras#19891,
 fixed in 3.7-3.8 by #20541/#20609/#20610 for Keras's own ``train_step``);
-``docs/compat.md``, "Losses in your own train_step". Under N replicas Keras
+docs: compat/#losses-in-your-own-train_step. Under N replicas Keras
 divides the loss of its ``keras.losses`` objects and ``compute_loss`` by N
 and its optimizer sums the replicas' gradients. A custom ``train_step`` that
 reduces its loss by hand (the keras.io VAE's ``ops.mean`` of

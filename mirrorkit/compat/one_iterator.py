@@ -1,12 +1,12 @@
 """Hook: ``fit`` on an `mk.distribute` dataset keeps one distributed iterator for all its epochs.
 
-Not a Keras bug; ``docs/compat.md``, "One iterator per fit". Keras's ``fit``
+Not a Keras bug; docs: compat/#one-iterator-per-fit. Keras's ``fit``
 makes a new iterator over its training data every epoch (and over its
 validation data at every validation) unless it is given ``steps_per_epoch``
 (``validation_steps``) and an endless input. Making a distributed iterator
 costs a thread and a prefetch buffer per device and a restart of the input
 pipeline: on 2 CPU replicas it was half the wall time of a 32-step epoch
-(``docs/benchmarks.md``). The replacement of ``TensorFlowTrainer.fit`` hands
+(docs: benchmarks/). The replacement of ``TensorFlowTrainer.fit`` hands
 Keras, for training data or validation data that `mk.distribute` made and
 whose epoch length it knows, the dataset's repeating twin
 (`mirrorkit.pipeline.repeating`) with that length as ``steps_per_epoch``

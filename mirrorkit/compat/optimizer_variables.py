@@ -1,8 +1,8 @@
 """Repair: an optimizer creates its variables outside the traced step, under the strategy.
 
 Upstream: keras-team/keras#23085 and #20164, fixed on Keras's master by
-#23087 (after 3.15.1); ``docs/compat.md``, "Optimizers built inside the
-step". A Keras optimizer creates its slot variables (Adam's moments, a
+#23087 (after 3.15.1); docs: compat/#optimizers-built-inside-the-step.
+A Keras optimizer creates its slot variables (Adam's moments, a
 ``LossScaleOptimizer``'s scale, each optimizer of a ``MultiOptimizer``) the
 first time it applies gradients. Under a strategy with several replicas,
 inside a traced step (a ``train_step`` applying ``self.d_optimizer`` and

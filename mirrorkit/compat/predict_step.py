@@ -1,6 +1,6 @@
 """Repairs: ``predict`` and ``predict_on_batch`` on several replicas, with and without XLA.
 
-Upstream: none found (``docs/compat.md``, "predict across replicas"). Under a
+Upstream: none found (docs: compat/#predict-across-replicas). Under a
 strategy with several replicas (Keras 3.10-3.15.1, TensorFlow 2.21):
 
 - ``jit_compile=True``: each replica's predict step is an XLA function.
@@ -90,7 +90,7 @@ def _to_numpy(value):
 REPAIRS = (
     Repair(
         name="predict_without_xla_build",
-        upstream="predict with jit_compile across replicas (docs/compat.md)",
+        upstream="predict with jit_compile across replicas (docs: compat/#predict-across-replicas)",
         module=_TRAINER,
         target="TensorFlowTrainer.make_predict_function",
         replacement=_predict_function,
@@ -98,7 +98,8 @@ REPAIRS = (
     ),
     Repair(
         name="predict_on_batch_split",
-        upstream="predict_on_batch gives every replica the whole batch (docs/compat.md)",
+        upstream="predict_on_batch gives every replica the whole batch "
+        "(docs: compat/#predict-across-replicas)",
         module=_TRAINER,
         target="TensorFlowTrainer.predict_on_batch",
         replacement=_predict_on_batch,

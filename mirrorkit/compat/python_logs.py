@@ -1,7 +1,7 @@
 """Repair: the logs ``fit`` and ``evaluate`` return hold Python numbers, custom metrics included.
 
 Upstream: fixed in Keras after 3.10 (``pythonify_logs`` converts tensors to
-NumPy before ``float``); ``docs/compat.md``, "Logs that hold a variable".
+NumPy before ``float``); docs: compat/#logs-that-hold-a-variable.
 Keras turns every logged value into a float with ``float(value)`` and keeps
 the value as it is when that fails. A custom ``keras.metrics.Metric`` whose
 ``result()`` returns its own variable (the ``BinaryTruePositives`` of

@@ -1,8 +1,8 @@
 """Repair: ``EarlyStopping`` and ``ReduceLROnPlateau`` decide on one value for the whole job.
 
 Upstream: no Keras report found (DeepRec-AI/HybridBackend#88 reports the
-resulting hang); ``docs/compat.md``, "Monitored values that differ between
-workers". Keras's compiled metrics are already the job's (their state is
+resulting hang); docs: compat/#monitored-values-that-differ-between-workers.
+Keras's compiled metrics are already the job's (their state is
 summed over every replica), but a value a callback adds to the logs from a
 worker's own data is not: each worker's ``EarlyStopping`` then stops at its
 own epoch and restores its own best weights, and each worker's
@@ -67,7 +67,7 @@ def agreed_value(callback_name: str, monitor: str, local: Any, table: np.ndarray
         f"mean-monitor-{callback_name}-{monitor}",
         f"{callback_name} monitors {monitor!r}, which differs between workers "
         f"({', '.join(f'{v:.6g}' for v in values)}); every worker decides on their mean "
-        f"{mean:.6g} (docs/compat.md, 'Monitored values that differ between workers')",
+        f"{mean:.6g} (docs: compat/#monitored-values-that-differ-between-workers)",
     )
     return mean
 

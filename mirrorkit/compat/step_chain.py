@@ -1,6 +1,6 @@
 """Hook: a train function Keras traces again stays inside the model's step chain.
 
-Not a Keras bug; ``docs/compat.md``, "The step chain". mirrorkit's callbacks
+Not a Keras bug; docs: compat/#the-step-chain. mirrorkit's callbacks
 act on each training step through one ordered chain
 (`mirrorkit.training.step_hooks`) that stands in for ``model.train_function``.
 Keras replaces that attribute whenever it traces the step again

@@ -1,7 +1,7 @@
 """Repair: compile Keras's train/test step so it runs across replicas.
 
 Upstream: keras-team/keras#21366, tensorflow/tensorflow#56423, and
-keras-team/tf-keras#194; ``docs/compat.md``, "steps_per_execution" and
+keras-team/tf-keras#194; docs: compat/#steps_per_execution and
 "jit_compile and mixed precision". ``TensorFlowTrainer._make_function`` wraps one
 distributed step (``strategy.run`` on every replica plus the reduction of the
 logs) in its own ``tf.function``, compiled with XLA when the model was

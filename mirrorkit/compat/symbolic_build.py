@@ -1,8 +1,7 @@
 """Repair: build the model from one local replica's batch, not a cross-replica mean.
 
 Upstream: keras-team/keras#20585 (multi-worker), keras-team/keras#19246 and
-tensorflow/tensorflow#80951 (single host); ``docs/compat.md``, "First-batch
-build".
+tensorflow/tensorflow#80951 (single host); docs: compat/#first-batch-build.
 ``TensorFlowTrainer._maybe_symbolic_build`` eagerly calls
 ``strategy.reduce("MEAN", first_batch, axis=None)`` on the whole ``(x, y)``
 structure before ``fit``, ``evaluate``, ``train_on_batch`` and
@@ -15,15 +14,15 @@ replacement builds from it, with no collective and without reading a batch.
 Reading one (as Keras does) made an iterator that was dropped part-way while
 the loop's own iterator started: on a ``.cache()``d evaluation set that left
 the cache filled part-way, and ``evaluate`` counted 160-256 of 400 examples
-(``docs/compat.md``, "First-batch build"). When the input has no element spec
+(docs: compat/#first-batch-build). When the input has no element spec
 it reads Keras's epoch iterator, whatever the shape of its items
-(``docs/compat.md``, "Epoch iterator items").
+(docs: compat/#epoch-iterator-items).
 
 A model whose class defines no ``call()`` (the keras.io GANs and VAE define
 only ``train_step``) cannot be built from a batch: Keras's own symbolic build
 fails ("Unable to automatically build the model") under any strategy, while
 on one device Keras defers the build to the traced step. The replacement
-defers it too (``docs/compat.md``, "Models without call()"). A model built
+defers it too (docs: compat/#models-without-call). A model built
 outside every strategy's scope, handed a distributed dataset, gets an error
 that names the cause and the fix instead of Keras's ``Only input tensors may
 be passed as positional arguments`` about a ``PerReplica`` value.

@@ -1,7 +1,7 @@
 """Repair: ``fit(..., validation_split=...)`` on a distributed dataset names the fix.
 
 Upstream: Keras's own limit (``validation_split`` slices tensors and NumPy
-arrays only); ``docs/compat.md``, "validation_split on a distributed dataset".
+arrays only); docs: compat/#validation_split-on-a-distributed-dataset.
 Keras's error ("Argument `validation_split` is only supported for tensors or
 NumPy arrays") does not say what to do with a dataset `mk.distribute` (or
 ``strategy.experimental_distribute_dataset``) made. The replacement of

@@ -344,7 +344,7 @@ def _say_sharded_twice(data: tf.data.Dataset, workers: int) -> None:
             f"WARNING: this dataset already takes one shard of its input (dataset.shard), and "
             f"mk.distribute divides it between the {workers} workers again: each worker would "
             f"train on 1/{workers} of its own shard. If your pipeline shards per worker, hand "
-            "mk.distribute a function of the input context that returns it (docs/inputs.md, "
-            "'A pipeline that already shards per worker').",
+            "mk.distribute a function of the input context that returns it "
+            "(docs: inputs/#a-pipeline-that-already-shards-per-worker).",
             logging.WARNING,
         )

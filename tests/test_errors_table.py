@@ -13,6 +13,7 @@ quick subprocess; nothing downloads.
 from __future__ import annotations
 
 import argparse
+import ast
 import contextlib
 import io
 import os
@@ -30,6 +31,7 @@ import mirrorkit as mk
 from mirrorkit import notices
 from mirrorkit.cluster import cluster_info
 from mirrorkit.commands import launch
+from mirrorkit.compat.keras_tuner_trials import same_trial
 from mirrorkit.compat.shared_monitor import agreed_value
 
 TABLE = pathlib.Path(__file__).resolve().parent.parent / "docs" / "errors.md"
@@ -61,7 +63,9 @@ def _rows() -> dict[str, tuple[str, str]]:
         assert match["id"] not in rows, f"row id {match['id']} appears twice"
         message = match["message"].strip()
         assert message.startswith("`") and message.endswith("`"), match[0]
-        rows[match["id"]] = (match["kind"], message[1:-1].replace("\\|", "|"))
+        # a message that holds backticks is a double-backtick span: `` a `b` c ``
+        text = message[3:-3] if message.startswith("`` ") else message[1:-1]
+        rows[match["id"]] = (match["kind"], text.replace("\\|", "|"))
     return rows
 
 
@@ -233,6 +237,12 @@ def _compiled_outside_scope():
     with strategy.scope():
         model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)])
     model.compile(optimizer="adam", loss="mse")
+    model.fit(mk.distribute(_xy(), strategy, global_batch_size=8), verbose=0)
+
+
+def _fit_model_outside_scope():
+    strategy = _strategy2()
+    model = tiny_model()
     model.fit(mk.distribute(_xy(), strategy, global_batch_size=8), verbose=0)
 
 
@@ -465,6 +475,7 @@ def _cases(tmp: pathlib.Path) -> dict[str, Callable[[], object]]:
         "build-model-not-function": lambda: mk.build(tiny_model(), _strategy2()),
         "build-returns-none": lambda: mk.build(lambda: None, _strategy2()),
         "compile-outside-scope": _compiled_outside_scope,
+        "fit-model-outside-scope": _fit_model_outside_scope,
         "fit-validation-split-dataset": _validation_split_on_a_dataset,
         "build-step-logs": lambda: mk.build(tiny_model, _strategy2(), step_logs="worker"),
         "build-compression": lambda: mk.build(
@@ -474,6 +485,9 @@ def _cases(tmp: pathlib.Path) -> dict[str, Callable[[], object]]:
         "throughput-baseline-negative": lambda: mk.ThroughputCallback(baseline=-5),
         "sync-check-every": lambda: mk.callbacks.ReplicaSyncCheck(every_n_steps=0),
         "nan-guard-loss-scale": _nan_guard_with_loss_scaling,
+        "tuner-different-trials": lambda: same_trial(  # the table 2 workers share
+            np.array([[2.0, 0.0, 7.0], [2.0, 1.0, 9.0]])
+        ),
         "callbacks-hang-timeout": lambda: mk.callbacks.HangWatchdog(0),
         "callbacks-monitor-some-workers": lambda: agreed_value(  # the table 2 workers share
             "EarlyStopping", "m", 0.5, np.array([[1.0, 0.5], [0.0, 0.0]])
@@ -563,3 +577,30 @@ if __name__ == "__main__":  # print what every case gives today, to write the ta
         for case_id, fn in _cases(pathlib.Path(tmp)).items():
             kind, text = outcome(fn)
             print(f"## {case_id}\n{kind}: {text[:700]}\n", flush=True)
+
+
+def _package_messages() -> str:
+    """Every string of mirrorkit's code, an f-string's values written ``{}``, one per line."""
+    texts = []
+    for path in sorted((TABLE.parent.parent / "mirrorkit").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.JoinedStr):
+                texts.append(
+                    "".join(v.value if isinstance(v, ast.Constant) else "{}" for v in node.values)
+                )
+            elif isinstance(node, ast.Constant) and isinstance(node.value, str):
+                texts.append(node.value)
+    return "\n".join(texts)
+
+
+def test_the_messages_explained_elsewhere_are_mirrorkit_s():
+    """Each quoted part of "Messages explained on other pages" is in a message of the code."""
+    section = TABLE.read_text().split("## Messages explained on other pages", 1)[1]
+    quoted = re.findall(r"^- `([^`]+)`(?:, then `([^`]+)`)?", section, re.MULTILINE)
+    assert len(quoted) >= 4, section
+    code = _package_messages()
+    for parts in quoted:
+        for part in filter(None, parts):
+            # a number in the quote is a value the message formats in: {} in the code
+            pattern = r"(?:\d+|\{\})".join(re.escape(p) for p in re.split(r"\d+", part))
+            assert re.search(pattern, code), f"errors.md quotes {part!r}; no message says it"

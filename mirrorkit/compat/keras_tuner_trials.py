@@ -58,7 +58,20 @@ def _trial_numbers(trial: Any) -> tuple[float, float]:
 
 def _exchange(strategy: Any, row: list[float], trial: Any = None) -> None:
     """Every worker's `row` (what it does, trial number, digest); raises when they differ."""
-    table = workers.gather(strategy, row)
+    same_trial(workers.gather(strategy, row), trial)
+
+
+def same_trial(table: Any, trial: Any = None) -> None:
+    """Raises unless every worker's row of `table` (what it does, trial, digest) is the same.
+
+    Args:
+        table: one row per worker, as `workers.gather` returns them: ``[doing, trial number,
+            digest of the hyperparameter values]``.
+        trial: this worker's KerasTuner trial, named in the message.
+
+    Raises:
+        RuntimeError: the workers are not training the same trial; the message names each one's.
+    """
     if len({tuple(r) for r in table}) == 1:
         return
     said = []

@@ -87,6 +87,8 @@ def test_the_site_builds_in_strict_mode(tmp_path):
     assert "distribute(\n    data: Any,\n" in text, "signatures are not formatted (ruff)"
     # parameters as lists that wrap at any width: tables cut descriptions at 1280 px
     assert "<table" not in api and '<li class="doc-section-item' in api
+    # docstring examples wrap (docs/stylesheets/api.css): at 1280 px a scroll bar hid line ends
+    assert "stylesheets/api.css" in api and "pre-wrap" in (site / "stylesheets/api.css").read_text()
     returns = text.split("distribute(\n    data: Any,", 1)[1].split("Returns:", 1)[1][:800]
     rows = returns.split("Raises:", 1)[0]  # mk.distribute returns one object: one row
     assert rows.count("DistributedDataset") == 1 and "own distributed dataset" in rows, rows
@@ -166,6 +168,8 @@ QUESTIONS = {
     "the JAX backend": ("JAX", "versions/"),
     "a Slurm time limit": ("--signal", "clusters/slurm/"),
     "a tracking server on this machine": ("--reach", "multi-worker/"),
+    "an MLflow server on this machine": ("MLflow", "multi-worker/"),
+    "running out of GPU memory": ("ResourceExhaustedError", "scale/"),
 }
 
 
@@ -254,6 +258,16 @@ def test_the_docs_tools_install_alone_or_with_mirrorkit():
     assert group == extra, "pyproject.toml's docs group and docs extra list different tools"
     names = [re.split(r"[<>=\[;]", tool)[0] for tool in group]
     assert "tensorflow" not in names and "keras" not in names, names
+
+
+def test_getting_started_lists_every_extra():
+    """The extras table of Getting started names each extra pyproject.toml defines, no other."""
+    import tomllib
+
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    page = (DOCS / "index.md").read_text().split("| extra | what it adds |", 1)[1]
+    listed = re.findall(r"^\| `([a-z]+)` \|", page.split("\n\n", 1)[0], re.MULTILINE)
+    assert sorted(listed) == sorted(extras["optional-dependencies"]), listed
 
 
 def test_the_readme_is_a_short_first_page():

@@ -41,9 +41,10 @@ def own_tf_configs(tasks):
     its job type in order, on a free loopback port.
     """
     from mirrorkit.cluster import tf_config
+    from mirrorkit.launcher.ports import local_addresses
 
     cluster, me = {}, []
-    for task_type, address in zip(tasks, tf_config.local_addresses(len(tasks)), strict=True):
+    for task_type, address in zip(tasks, local_addresses(len(tasks)), strict=True):
         cluster.setdefault(task_type, []).append(address)
         me.append((task_type, len(cluster[task_type]) - 1))
     return lambda i: {"TF_CONFIG": tf_config.for_task(cluster, *me[i])}

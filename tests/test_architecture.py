@@ -454,7 +454,7 @@ def test_the_step_wrapping_check_sees_a_wrapper():
 STDERR_NOT_NOTICES = {
     "bench/sweep.py": "mirrorkit bench's progress lines, a command's own output",
     "bench/results.py": "mirrorkit bench's hint to install matplotlib for its PNG",
-    "faults/_peer_wait_watcher.py": "a watcher process's last words before it kills the job",
+    "strategies/_peer_wait_watcher.py": "a watcher process's last words before it kills the job",
     "faults/step_timeout.py": "a hung step's last words, before the stacks and the exit",
 }
 

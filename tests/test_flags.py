@@ -468,9 +468,9 @@ def _worker_from_flags(hosts):
 
 @pytest.mark.multiprocess
 def test_worker_hosts_and_task_index_make_a_two_worker_job(fresh):
-    from mirrorkit.cluster import tf_config
+    from mirrorkit.launcher.ports import local_addresses
 
-    hosts = ",".join(tf_config.local_addresses(2))
+    hosts = ",".join(local_addresses(2))
     results = fresh.many(
         _worker_from_flags, hosts, n=2, env=lambda i: {"WORKER_INDEX": str(i), "TF_CONFIG": ""}
     )

@@ -2,7 +2,7 @@
 
 The slow tests start a real chief whose TF_CONFIG names a second worker that
 never starts: TensorFlow's MultiWorkerMirroredStrategy constructor then waits in
-C++ holding the GIL, so only the helper process (`mirrorkit.faults._peer_wait_watcher`)
+C++ holding the GIL, so only the helper process (`mirrorkit.strategies._peer_wait_watcher`)
 can report and end the wait.
 """
 
@@ -20,14 +20,14 @@ import pytest
 
 from mirrorkit.cluster import cluster_info, tf_config
 from mirrorkit.exit_statuses import STARTUP_STOPPED
-from mirrorkit.faults import peer_wait
-from mirrorkit.launcher.ports import free_ports
+from mirrorkit.launcher.ports import free_ports, local_addresses
+from mirrorkit.strategies import peer_wait
 
 pytestmark = pytest.mark.waits  # most of each test is a peer that never starts
 
 
 def _two_workers() -> tuple[str, str]:
-    addresses = tf_config.local_addresses(2)
+    addresses = local_addresses(2)
     return tf_config.tf_config(addresses, 0), addresses[1]
 
 
@@ -184,7 +184,7 @@ def test_watcher_ends_the_wait_on_a_signal_to_the_group(sig):
 _WATCHED_SLEEP = """
     import json, sys, time
     from mirrorkit.cluster import cluster_info
-    from mirrorkit.faults import peer_wait
+    from mirrorkit.strategies import peer_wait
     info = cluster_info.from_cluster_spec({{"worker": {addresses}}}, "worker", 0)
     with peer_wait.watch({timeout}, info, every_s=0.5):
         time.sleep({sleep})

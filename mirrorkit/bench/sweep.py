@@ -29,6 +29,7 @@ from mirrorkit.environment_variables import (
     TF_NUM_INTRAOP_THREADS,
 )
 from mirrorkit.launcher import local_job, pinning, plain_processes
+from mirrorkit.launcher.ports import local_addresses
 
 
 def cores_for(workers: int, cores_per_worker: int | None) -> list[list[int]] | None:
@@ -240,7 +241,7 @@ def raw_job(
     ``python`` processes with this process's CPUs and TensorFlow's default
     threads, and `measure.raw_worker_main` trains (see `measure.RAW_WORKERS_HOW`).
     """
-    addresses = tf_config.local_addresses(workers)
+    addresses = local_addresses(workers)
     base = {k: v for k, v in os.environ.items() if not k.startswith(_MIRRORKIT_ENV)}
     base.pop(TF_CONFIG, None)
     code = "from mirrorkit.bench.measure import raw_worker_main; raw_worker_main()"

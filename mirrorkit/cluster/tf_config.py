@@ -9,7 +9,6 @@ import json
 from collections.abc import Mapping, Sequence
 
 from mirrorkit.environment_variables import MIRRORKIT_WORKER, TF_CONFIG
-from mirrorkit.launcher.ports import free_ports
 
 
 def tf_config(addresses: Sequence[str], index: int) -> str:
@@ -77,8 +76,3 @@ def for_task(cluster: Mapping[str, Sequence[str]], task_type: str, index: int) -
 def worker_env(addresses: Sequence[str], index: int) -> dict[str, str]:
     """Returns the environment variables mirrorkit gives worker `index` of a launch."""
     return {TF_CONFIG: tf_config(addresses, index), MIRRORKIT_WORKER: str(index)}
-
-
-def local_addresses(num_workers: int, host: str = "127.0.0.1") -> list[str]:
-    """Returns `num_workers` loopback addresses with free ports."""
-    return [f"{host}:{port}" for port in free_ports(num_workers, host)]

@@ -17,7 +17,6 @@ import tempfile
 import time
 from collections.abc import Mapping
 
-from mirrorkit.cluster import tf_config
 from mirrorkit.environment_variables import (
     MIRRORKIT_HANG_TIMEOUT,
     MIRRORKIT_PROGRESS,
@@ -37,6 +36,7 @@ from mirrorkit.exit_statuses import (
 )
 from mirrorkit.faults import preemption_relay, restart
 from mirrorkit.launcher import hosts, local_job, plain_processes, processes
+from mirrorkit.launcher.ports import local_addresses
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -168,7 +168,7 @@ def layout(args: argparse.Namespace, env: dict[str, str] | None = None) -> hosts
             f"--port {args.port} is for multi-host jobs (--hosts, or Slurm); workers on one "
             "host take free loopback ports, so it is not used"
         )
-    addresses = tf_config.local_addresses(args.num_workers)
+    addresses = local_addresses(args.num_workers)
     return hosts.Layout(tuple(addresses), 0, args.num_workers, False)
 
 

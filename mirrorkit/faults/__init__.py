@@ -1,7 +1,8 @@
-"""Fault tolerance: start-up, hung steps, restart, preemption.
+"""Fault tolerance: hung steps, restart, preemption.
 
-- `peer_wait` (with its watcher process `_peer_wait_watcher`): a multi-worker
-  strategy never waits silently forever for its peers;
+(A multi-worker strategy's bounded wait for its peers at start-up is
+`mirrorkit.strategies.peer_wait`.)
+
 - `step_timeout`: a training step that never completes ends the worker;
 - `restart`: `mirrorkit launch --max-restarts N` relaunches a whole job whose
   worker failed, N times at each failing step, saying where and what is redone;

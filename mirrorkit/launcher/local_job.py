@@ -33,6 +33,7 @@ from mirrorkit.environment_variables import (
     KERASTUNER_TUNER_ID,
 )
 from mirrorkit.launcher import allocator, hosts, netns, pinning, processes, relay, tf_noise
+from mirrorkit.launcher.ports import local_addresses
 
 
 @dataclasses.dataclass(frozen=True)
@@ -126,7 +127,7 @@ def run_job(
             "theirs only. Pass a command, or leave log_dir out."
         )
     if layout is None:
-        addresses = tuple(tf_config.local_addresses(num_workers))
+        addresses = tuple(local_addresses(num_workers))
         layout = hosts.Layout(addresses, 0, num_workers, False)
     if layout.local_workers != num_workers:
         raise ValueError(

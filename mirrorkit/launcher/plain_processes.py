@@ -5,7 +5,7 @@ it); the workers of a job by `processes` and `local_job.run_job`, and these
 three here, each by a function named for what it starts:
 
 - `start_peer_wait_watcher`: the standard-library helper that bounds a
-  multi-worker strategy's wait for its peers (`mirrorkit.faults.peer_wait`);
+  multi-worker strategy's wait for its peers (`mirrorkit.strategies.peer_wait`);
 - `run_scancel`: ``scancel`` of a Slurm step whose worker failed
   (`mirrorkit launch`);
 - `run_plain_workers`: the workers of `mirrorkit bench`'s raw job, plain
@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 #: The watcher's script: standard library only, run with ``python -I``.
-PEER_WAIT_WATCHER = Path(__file__).resolve().parent.parent / "faults" / "_peer_wait_watcher.py"
+PEER_WAIT_WATCHER = Path(__file__).resolve().parent.parent / "strategies" / "_peer_wait_watcher.py"
 #: Seconds the watcher has to exit once told to (its input closed), before it is killed.
 WATCHER_EXIT_S = 10
 
@@ -34,7 +34,7 @@ def start_peer_wait_watcher(spec: Mapping[str, Any], wakeup_fd: int) -> subproce
 
     Args:
         spec: what it watches (JSON-serialisable: the parent's pid, the timeout,
-            the tasks); see `mirrorkit.faults.peer_wait.watch`.
+            the tasks); see `mirrorkit.strategies.peer_wait.watch`.
         wakeup_fd: the read end of the parent's signal wakeup pipe, passed on.
 
     Returns:

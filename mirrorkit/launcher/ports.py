@@ -35,3 +35,8 @@ def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
             sock.bind((host, 0))
             ports.append(sock.getsockname()[1])
         return ports
+
+
+def local_addresses(num_workers: int, host: str = "127.0.0.1") -> list[str]:
+    """Returns `num_workers` loopback addresses with free ports."""
+    return [f"{host}:{port}" for port in free_ports(num_workers, host)]

@@ -17,8 +17,15 @@ import tensorflow as tf
 from mirrorkit import compat
 from mirrorkit.cluster import chief, legacy_keras, platforms
 from mirrorkit.environment_variables import TF_CONFIG
-from mirrorkit.faults import peer_wait
-from mirrorkit.strategies import allreduce, arguments, current, kinds, tf_logging, topology
+from mirrorkit.strategies import (
+    allreduce,
+    arguments,
+    current,
+    kinds,
+    peer_wait,
+    tf_logging,
+    topology,
+)
 from mirrorkit.strategies import devices as devices_lib
 from mirrorkit.strategies.current import current_strategy
 
@@ -71,7 +78,7 @@ def strategy(
             peers to start (default 600 s; None: no limit). Meanwhile the chief
             says every few seconds which tasks are not up yet; after it, or on
             Ctrl-C/SIGTERM, the process ends (exit status 137) with a message
-            naming the missing tasks. See `mirrorkit.faults.peer_wait`.
+            naming the missing tasks. See `mirrorkit.strategies.peer_wait`.
 
     Returns:
         A `tf.distribute.Strategy`: TensorFlow's own object, no wrapper.

@@ -5,7 +5,7 @@ runtime until every task of the cluster has started, and it waits holding the
 GIL, with SIGTERM caught by TensorFlow's preemption notifier: no Python thread,
 signal handler or TensorFlow option ends that wait (measured on TF 2.21). So
 `watch` runs the watcher in a small helper process without TensorFlow
-(`mirrorkit.faults._peer_wait_watcher`, started by
+(`mirrorkit.strategies._peer_wait_watcher`, started by
 `mirrorkit.launcher.plain_processes`) for exactly as long as the constructor runs, and
 blocks SIGTERM and SIGINT in this thread meanwhile so that the helper sees them
 pending. The helper:
@@ -77,7 +77,7 @@ def check_timeout(startup_timeout_s: object) -> float | None:
 
     Example:
     ```python
-    from mirrorkit.faults import peer_wait
+    from mirrorkit.strategies import peer_wait
 
     peer_wait.check_timeout(60)  # 60.0
     ```
@@ -120,7 +120,7 @@ def watch(
     Example:
     ```python
     import tensorflow as tf
-    from mirrorkit.faults import peer_wait
+    from mirrorkit.strategies import peer_wait
 
     with peer_wait.watch(600):
         strategy = tf.distribute.MultiWorkerMirroredStrategy()

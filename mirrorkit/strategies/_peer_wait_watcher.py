@@ -1,6 +1,6 @@
 """The start-up watcher: a tiny helper process, standard library only.
 
-`mirrorkit.faults.peer_wait` runs this file (``python -I _peer_wait_watcher.py SPEC``) while
+`mirrorkit.strategies.peer_wait` runs this file (``python -I _peer_wait_watcher.py SPEC``) while
 a multi-worker strategy's constructor waits for its peers. That constructor
 blocks inside TensorFlow's C++ runtime holding the GIL, and TensorFlow's
 preemption notifier swallows SIGTERM, so nothing in the waiting process itself

@@ -1,6 +1,7 @@
 """Keras repairs on one host (4 logical CPUs in the pytest process)."""
 
 import functools
+import sys
 
 import keras
 import numpy as np
@@ -89,6 +90,62 @@ def test_enable_is_idempotent_and_disable_restores():
     compat.disable()
     assert trainer.reduce_per_replica is original and compat.active() == []
     compat.enable()
+
+
+def _targets() -> dict[str, object]:
+    """What each repair's Keras module or class holds at its target now (absent: None)."""
+    found = {}
+    for repair in compat.REPAIRS + compat.ON_DEMAND:
+        if repair.module.split(".")[0] not in sys.modules:  # keras_hub, keras_tuner: not imported
+            continue
+        owner, attr = repair._owner_and_attr()
+        found[f"{repair.module}.{repair.target}"] = vars(owner).get(attr)
+    return found
+
+
+def test_disable_restores_keras_whatever_order_the_repairs_went_on_in():
+    """enable(one device), then enable(2 replicas), then disable(): Keras is as it was.
+
+    One device needs `step_chain` only; 2 replicas add `fit_notices`, which wraps the same
+    `make_train_function` on top of it. Taken off in `REPAIRS`' order, `step_chain` came off
+    first and put back Keras's original under `fit_notices`'s wrapper, which then restored
+    `step_chain`'s: a repair stayed on Keras while `active()` said none did.
+    """
+    compat.disable()
+    before = _targets()
+    try:
+        compat.enable(tf.distribute.OneDeviceStrategy("/cpu:0"))
+        compat.enable(tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"]))
+        assert "fit_notices" in compat.active() and "step_chain" in compat.active()
+        compat.disable()
+        after = _targets()
+        changed = [target for target in before if after[target] is not before[target]]
+        assert changed == [] and compat.active() == [], changed
+    finally:
+        compat.enable()
+
+
+def test_a_repair_wrapped_by_another_does_not_come_off_under_it():
+    """Removing the inner of two repairs of one internal raises, naming the outer one."""
+    compat.disable()
+    try:
+        compat.enable(tf.distribute.OneDeviceStrategy("/cpu:0"))
+        compat.enable(tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"]))
+        (step_chain,) = [r for r in compat.REPAIRS if r.name == "step_chain"]
+        with pytest.raises(RuntimeError, match="wraps it \\(fit_notices\\)"):
+            step_chain.remove()
+    finally:
+        compat.disable()
+        compat.enable()
+
+
+def test_only_a_canary_that_reads_keras_is_called_one():
+    """keras_hub's and keras_tuner's repairs apply once imported: no Keras code is read."""
+    from mirrorkit.compat import keras_hub_inputs, keras_tuner_trials, optimizer_variables
+
+    assert optimizer_variables.REPAIR.checks_keras
+    assert not keras_hub_inputs.REPAIR.checks_keras
+    assert not any(repair.checks_keras for repair in keras_tuner_trials.REPAIRS)
 
 
 def test_repairs_are_said_in_one_line_once(monkeypatch, capfd):

@@ -43,6 +43,7 @@ import tensorflow as tf
 from mirrorkit import versions
 from mirrorkit.cluster import chief
 from mirrorkit.compat import (
+    _repair,
     agreed_loss_scale,
     agreed_stop,
     backup_epoch,
@@ -138,10 +139,11 @@ def enable(strategy: tf.distribute.Strategy | None = None) -> list[str]:
 def disable() -> None:
     """Restores every Keras internal that a repair replaced.
 
-    Repairs that replace the same internal wrap one another in `REPAIRS`'
-    order, so they come off in the reverse order.
+    Repairs that replace the same internal wrap one another in the order they
+    were applied (which `enable` for one strategy, then another, or a part of
+    mirrorkit used first, decides), so they come off in the reverse order.
     """
-    for repair in reversed(REPAIRS + ON_DEMAND):
+    for repair in reversed(_repair.applied()):
         repair.remove()
 
 
@@ -181,6 +183,8 @@ def describe() -> list[dict[str, str]]:
             applies = "while the part of mirrorkit that needs it runs"
         elif repair in ON_DEMAND:
             applies = "from the first use of the part of mirrorkit that needs it"
+        elif repair.package not in ("keras", "tensorflow"):
+            applies = f"once {repair.package} is imported"
         elif repair.checks_keras:
             applies = f"Keras {keras.__version__} still has the bug (its canary read the code)"
         else:

@@ -55,11 +55,22 @@ class Repair:
     original: Any = None
     #: Whether the owner held the target itself (not inherited from a base class).
     owned: bool = True
+    #: The replacement `apply` put in place (None while the repair is not in place).
+    installed: Any = None
 
     @property
     def checks_keras(self) -> bool:
-        """Whether the repair reads Keras's code to tell if the bug is still there."""
-        return self.needed is not _always
+        """Whether the repair reads Keras's code to tell if the bug is still there.
+
+        A repair of another package (keras_hub, keras_tuner) whose `needed` only asks whether
+        that package is imported reads no Keras code.
+        """
+        return self.needed is not _always and self.package == "keras"
+
+    @property
+    def package(self) -> str:
+        """The top-level package the target belongs to: ``keras``, ``tensorflow``, ..."""
+        return self.module.split(".")[0]
 
     @property
     def active(self) -> bool:
@@ -101,18 +112,32 @@ class Repair:
         replacement = self.replacement(original)  # may raise InternalChangedError
         self.original = original
         self.owned = attr in vars(owner)
+        self.installed = replacement
         setattr(owner, attr, replacement)
+        _APPLIED.append(self)
         return True
 
     def remove(self) -> None:
         """Restores Keras's original (an inherited method is inherited again)."""
         if self.active:
             owner, attr = self._owner_and_attr()
+            if vars(owner).get(attr) is not self.installed:  # no other wrapper on top
+                above = [
+                    r.name for r in _APPLIED[_APPLIED.index(self) + 1 :] if r.target == self.target
+                ]
+                raise RuntimeError(
+                    f"the '{self.name}' repair of {self.module}.{self.target} cannot come off "
+                    f"while another replacement wraps it ({', '.join(above) or 'not a repair'}): "
+                    "remove the patches of one internal in the reverse order they were applied "
+                    "(mirrorkit.compat.disable() does)"
+                )
             if self.owned:
                 setattr(owner, attr, self.original)
             else:
                 delattr(owner, attr)
             self.original = None
+            self.installed = None
+            _APPLIED.remove(self)
 
 
 def multi_worker_repair(
@@ -135,6 +160,15 @@ def multi_worker_repair(
 
 #: The scoped repairs in place now, in the order they were applied.
 SCOPED: list[Repair] = []
+
+#: The repairs `Repair.apply` put in place, in the order it did: two repairs of one internal
+#: wrap each other in that order, so they come off in the reverse (`applied`).
+_APPLIED: list[Repair] = []
+
+
+def applied() -> list[Repair]:
+    """The repairs in place (not the scoped ones), in the order they were applied."""
+    return list(_APPLIED)
 
 
 def apply_scoped(repair: Repair) -> None:

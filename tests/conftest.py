@@ -308,7 +308,7 @@ def _no_scoped_patch_outlives_its_test():
     """A scoped patch (``compat.SCOPED``) still in place after a test is a leak in mirrorkit:
     a later test in this process, and a user's next call, would run under it. It is removed
     and the test fails."""
-    from mirrorkit.compat import _repair
+    from mirrorkit.patching import repair as _repair
 
     before = list(_repair.SCOPED)
     yield

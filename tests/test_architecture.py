@@ -510,12 +510,12 @@ def _foreign_patches(tree):
 
 
 def test_every_patch_of_tensorflow_or_keras_goes_through_the_repair_registry():
-    """A class or module of TensorFlow/Keras is patched only by a `Repair` (compat/_repair.py:
+    """A class or module of TensorFlow/Keras is patched only by a `Repair` (patching/repair.py:
     `compat.enable`'s, or a scoped one), so ``compat.active()`` lists it and it comes off."""
     found = [
         _where(path, node)
         for path, tree in _trees(exclude=())
-        if path != PACKAGE / "compat" / "_repair.py"
+        if path != PACKAGE / "patching" / "repair.py"
         for node in _foreign_patches(tree)
     ]
     assert found == [], f"patch TensorFlow/Keras through a compat Repair: {found}"

@@ -2,7 +2,9 @@
 
 `position` is what every caller asks ("how many workers does this strategy
 span, and which am I?"); it reads the rank `mirrorkit.cluster.cluster_info` computes, the
-way TensorFlow numbers its tasks (``chief`` first).
+way TensorFlow numbers its tasks (``chief`` first). `spans_replicas` says whether a
+strategy runs more than one replica, on one host or across workers: what most of
+mirrorkit's repairs and notices apply by.
 """
 
 from __future__ import annotations
@@ -105,3 +107,8 @@ def gather(strategy: tf.distribute.Strategy, values: Sequence[float]) -> np.ndar
 
     rows = strategy.experimental_distribute_values_from_function(row)
     return strategy.reduce("SUM", rows, axis=None).numpy()
+
+
+def spans_replicas(strategy: tf.distribute.Strategy) -> bool:
+    """Whether `strategy` runs more than one replica or spans several workers."""
+    return strategy.num_replicas_in_sync > 1 or is_multi_worker(strategy)

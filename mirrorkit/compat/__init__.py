@@ -42,8 +42,8 @@ import tensorflow as tf
 
 from mirrorkit import versions
 from mirrorkit.cluster import chief
+from mirrorkit.cluster.workers import spans_replicas
 from mirrorkit.compat import (
-    _repair,
     agreed_loss_scale,
     agreed_stop,
     backup_epoch,
@@ -69,7 +69,8 @@ from mirrorkit.compat import (
     symbolic_build,
     validation_split,
 )
-from mirrorkit.compat._repair import SCOPED, Repair, spans_replicas
+from mirrorkit.patching import repair as _repair
+from mirrorkit.patching.repair import SCOPED, Repair
 
 REPAIRS: tuple[Repair, ...] = (
     symbolic_build.REPAIR,

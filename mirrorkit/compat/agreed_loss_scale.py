@@ -36,7 +36,8 @@ from typing import Any
 import tensorflow as tf
 
 from mirrorkit import internals
-from mirrorkit.compat._repair import Repair, spans_replicas
+from mirrorkit.cluster.workers import spans_replicas
+from mirrorkit.patching.repair import Repair
 
 _MODULE = "keras.src.optimizers.loss_scale_optimizer"
 _USED_FOR = "the agreed_loss_scale repair (mixed precision on several replicas)"

@@ -31,7 +31,7 @@ import numpy as np
 import tensorflow as tf
 
 from mirrorkit.cluster import chief, workers
-from mirrorkit.compat._repair import multi_worker_repair
+from mirrorkit.compat._multi_worker import multi_worker_repair
 from mirrorkit.compat.multi_worker_reduce import LOCAL_STEP_LOGS
 from mirrorkit.compat.multi_worker_reduce import REPAIR as STEP_LOGS_REPAIR
 

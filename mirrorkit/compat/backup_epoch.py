@@ -21,7 +21,8 @@ from __future__ import annotations
 import functools
 
 from mirrorkit import internals
-from mirrorkit.compat._repair import Repair, spans_replicas
+from mirrorkit.cluster.workers import spans_replicas
+from mirrorkit.patching.repair import Repair
 
 
 def _on_epoch_begin(original):

@@ -23,7 +23,7 @@ from __future__ import annotations
 import functools
 
 from mirrorkit.cluster import chief
-from mirrorkit.compat._repair import multi_worker_repair
+from mirrorkit.compat._multi_worker import multi_worker_repair
 
 _MODULE_BACKUP = "keras.src.callbacks.backup_and_restore"
 _MODULE_CHECKPOINT = "keras.src.callbacks.model_checkpoint"

@@ -30,7 +30,7 @@ import tempfile
 import keras
 
 from mirrorkit.cluster import chief, workers
-from mirrorkit.compat._repair import multi_worker_repair
+from mirrorkit.compat._multi_worker import multi_worker_repair
 
 _UPSTREAM = "tensorboard#1011; no chief-aware logging callbacks in Keras 3"
 _temporary_dirs: list[str] = []

@@ -30,7 +30,7 @@ import shutil
 import tempfile
 
 from mirrorkit.cluster import chief
-from mirrorkit.compat._repair import multi_worker_repair
+from mirrorkit.compat._multi_worker import multi_worker_repair
 from mirrorkit.compat.chief_logs import multi_worker, not_chief_of
 
 _UPSTREAM = "no chief-aware saving in Keras 3"

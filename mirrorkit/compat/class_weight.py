@@ -15,7 +15,7 @@ from __future__ import annotations
 from typing import Any
 
 from mirrorkit.cluster import chief
-from mirrorkit.compat._repair import Repair
+from mirrorkit.patching.repair import Repair
 
 
 def _replacement(original):

@@ -22,7 +22,7 @@ import functools
 from collections.abc import Callable
 from typing import Any
 
-from mirrorkit.compat._repair import Repair
+from mirrorkit.patching.repair import Repair
 
 #: Called with (the CallbackList, the epoch Keras begins, whether it is this fit's first).
 Listener = Callable[[Any, int, bool], None]

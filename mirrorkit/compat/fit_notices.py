@@ -19,7 +19,8 @@ The replacement of ``make_train_function`` changes nothing else.
 from __future__ import annotations
 
 from mirrorkit.cluster import chief
-from mirrorkit.compat._repair import Repair, spans_replicas
+from mirrorkit.cluster.workers import spans_replicas
+from mirrorkit.patching.repair import Repair
 from mirrorkit.scale import batchnorm
 from mirrorkit.scale.custom_step import custom_train_step
 

@@ -34,9 +34,10 @@ import keras
 import tensorflow as tf
 
 from mirrorkit import internals
-from mirrorkit.compat._repair import Repair, spans_replicas
+from mirrorkit.cluster.workers import spans_replicas
 from mirrorkit.compat.one_device_gradient import clip_summed, clips
-from mirrorkit.training import fit_step
+from mirrorkit.patching import fit_step
+from mirrorkit.patching.repair import Repair
 
 
 def _needs_repair(optimizer) -> bool:

@@ -26,7 +26,7 @@ import sys
 
 import tensorflow as tf
 
-from mirrorkit.compat._repair import Repair
+from mirrorkit.patching.repair import Repair
 
 _PIPELINE = "keras_hub.src.utils.pipeline_model"
 

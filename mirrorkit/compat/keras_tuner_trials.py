@@ -35,7 +35,7 @@ import sys
 from typing import Any
 
 from mirrorkit.cluster import workers
-from mirrorkit.compat._repair import Repair
+from mirrorkit.patching.repair import Repair
 
 _BASE_TUNER = "keras_tuner.src.engine.base_tuner"
 _UPSTREAM = "KerasTuner 1.4 BaseTuner.search: workers of one job may get different trials"

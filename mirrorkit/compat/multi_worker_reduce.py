@@ -24,7 +24,7 @@ import tensorflow as tf
 
 from mirrorkit import internals
 from mirrorkit.cluster import workers
-from mirrorkit.compat._repair import Repair
+from mirrorkit.patching.repair import Repair
 
 #: Strategy attribute: average per-step logs over this worker's replicas only.
 LOCAL_STEP_LOGS = "_mirrorkit_local_step_logs"

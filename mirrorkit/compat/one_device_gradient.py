@@ -45,8 +45,9 @@ import keras
 import tensorflow as tf
 
 from mirrorkit import internals
-from mirrorkit.compat._repair import Repair, spans_replicas
-from mirrorkit.training import fit_step
+from mirrorkit.cluster.workers import spans_replicas
+from mirrorkit.patching import fit_step
+from mirrorkit.patching.repair import Repair
 
 _OPTIMIZER = "keras.src.backend.tensorflow.optimizer"
 _UPSTREAM = "keras-team/keras#19891 (loss scaling under tf.distribute)"

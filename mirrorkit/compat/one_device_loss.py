@@ -12,7 +12,7 @@ silently; one that logs a Keras loss logs 1/N of one device's value.
 
 The repair changes where the 1/N is applied, only while a replica runs a
 step ``fit``, ``evaluate``, ``train_on_batch`` or ``test_on_batch`` made
-(`mirrorkit.training.fit_step`): Keras's loss scaling and unscaling do
+(`mirrorkit.patching.fit_step`): Keras's loss scaling and unscaling do
 nothing there, ``sum``-reduced Keras losses are multiplied by N (so that the
 replicas' mean is the global sum one device computes) and a replica's loss
 of no examples is 0, ``tf.nn``'s
@@ -29,8 +29,9 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-from mirrorkit.compat._repair import Repair, spans_replicas
-from mirrorkit.training import fit_step
+from mirrorkit.cluster.workers import spans_replicas
+from mirrorkit.patching import fit_step
+from mirrorkit.patching.repair import Repair
 
 _TRAINER = "keras.src.backend.tensorflow.trainer"
 _LOSSES = "keras.src.losses.loss"

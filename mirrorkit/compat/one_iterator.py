@@ -43,7 +43,7 @@ import tensorflow as tf
 
 from mirrorkit import internals
 from mirrorkit.cluster import chief
-from mirrorkit.compat._repair import Repair
+from mirrorkit.patching.repair import Repair
 from mirrorkit.pipeline import repeating
 
 _USED_FOR = "the one_iterator repair (one validation iterator per fit)"

@@ -25,8 +25,9 @@ import numpy as np
 import tensorflow as tf
 
 from mirrorkit.cluster import chief
-from mirrorkit.compat._repair import Repair, spans_replicas
+from mirrorkit.cluster.workers import spans_replicas
 from mirrorkit.compat.step_function import check_seen, step_compiled_as
+from mirrorkit.patching.repair import Repair
 
 _TRAINER = "keras.src.backend.tensorflow.trainer"
 

@@ -21,7 +21,8 @@ import keras
 import tensorflow as tf
 
 from mirrorkit import internals
-from mirrorkit.compat._repair import Repair, spans_replicas
+from mirrorkit.cluster.workers import spans_replicas
+from mirrorkit.patching.repair import Repair
 
 _PYTHON_UTILS = "keras.src.utils.python_utils"
 _USED_FOR = "the python_logs repair (logs that hold a metric's variable)"

@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 
 from mirrorkit.cluster import chief, workers
-from mirrorkit.compat._repair import multi_worker_repair
+from mirrorkit.compat._multi_worker import multi_worker_repair
 from mirrorkit.compat.agreed_stop import multi_worker_strategy
 
 _UPSTREAM = "HybridBackend#88; Keras callbacks monitor each worker's own logs"

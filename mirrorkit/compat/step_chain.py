@@ -14,7 +14,7 @@ for a model without one.
 
 from __future__ import annotations
 
-from mirrorkit.compat._repair import Repair
+from mirrorkit.patching.repair import Repair
 from mirrorkit.training import step_hooks
 
 

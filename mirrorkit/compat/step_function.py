@@ -37,7 +37,8 @@ import tensorflow as tf
 
 from mirrorkit import internals
 from mirrorkit.cluster import chief
-from mirrorkit.compat._repair import Repair, scoped, spans_replicas
+from mirrorkit.cluster.workers import spans_replicas
+from mirrorkit.patching.repair import Repair, scoped
 
 #: The name of the per-step closure inside Keras's ``_make_function``.
 _STEP_CLOSURE = "one_step_on_data"

@@ -34,7 +34,8 @@ import keras
 import tensorflow as tf
 
 from mirrorkit import internals
-from mirrorkit.compat._repair import Repair, spans_replicas
+from mirrorkit.cluster.workers import spans_replicas
+from mirrorkit.patching.repair import Repair
 
 _USED_FOR = "the symbolic_build repair (building the model from one replica's batch)"
 

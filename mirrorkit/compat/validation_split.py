@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-from mirrorkit.compat._repair import Repair
+from mirrorkit.patching.repair import Repair
 
 _DISTRIBUTED = (tf.distribute.DistributedDataset, tf.data.Dataset)
 

@@ -22,7 +22,7 @@ import tensorflow as tf
 
 from mirrorkit import internals
 from mirrorkit.cluster import chief
-from mirrorkit.compat._repair import spans_replicas
+from mirrorkit.cluster.workers import spans_replicas
 
 
 def unsynchronized_batch_norm(model: keras.Model) -> list[str]:

@@ -18,7 +18,7 @@ from typing import Any
 import keras
 import tensorflow as tf
 
-from mirrorkit.training import fit_step
+from mirrorkit.patching import fit_step
 
 
 def unscale_loss(loss: Any) -> Any:

@@ -16,7 +16,7 @@ import tensorflow as tf
 
 from mirrorkit import internals
 from mirrorkit.cluster import chief, cluster_info, slurm
-from mirrorkit.compat._repair import Repair, scoped
+from mirrorkit.patching.repair import Repair, scoped
 from mirrorkit.strategies import allreduce
 from mirrorkit.strategies import devices as devices_lib
 

@@ -38,7 +38,7 @@ import numpy as np
 import tensorflow as tf
 
 from mirrorkit import internals
-from mirrorkit.compat._repair import Repair, apply_scoped, remove_scoped
+from mirrorkit.patching.repair import Repair, apply_scoped, remove_scoped
 
 #: Steps kept between two reads of the ring buffer.
 DEFAULT_CAPACITY = 8192

@@ -16,12 +16,6 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from mirrorkit import internals
-from mirrorkit.cluster import workers
-
-
-def spans_replicas(strategy: Any) -> bool:
-    """Whether `strategy` runs more than one replica or spans several workers."""
-    return strategy.num_replicas_in_sync > 1 or workers.is_multi_worker(strategy)
 
 
 def _always() -> bool:
@@ -138,24 +132,6 @@ class Repair:
             self.original = None
             self.installed = None
             _APPLIED.remove(self)
-
-
-def multi_worker_repair(
-    name: str,
-    upstream: str,
-    target: str,
-    replacement: Callable[[Any], Any],
-    module: str = "keras.callbacks",
-) -> Repair:
-    """A `Repair` that only a multi-worker strategy needs (chief-only files, agreed decisions)."""
-    return Repair(
-        name=name,
-        upstream=upstream,
-        module=module,
-        target=target,
-        replacement=replacement,
-        applies_to=workers.is_multi_worker,
-    )
 
 
 #: The scoped repairs in place now, in the order they were applied.

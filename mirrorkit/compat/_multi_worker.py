@@ -1,0 +1,27 @@
+"""The repairs only a multi-worker strategy needs: chief-only files, agreed decisions."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from mirrorkit.cluster import workers
+from mirrorkit.patching.repair import Repair
+
+
+def multi_worker_repair(
+    name: str,
+    upstream: str,
+    target: str,
+    replacement: Callable[[Any], Any],
+    module: str = "keras.callbacks",
+) -> Repair:
+    """A `Repair` that only a multi-worker strategy needs (chief-only files, agreed decisions)."""
+    return Repair(
+        name=name,
+        upstream=upstream,
+        module=module,
+        target=target,
+        replacement=replacement,
+        applies_to=workers.is_multi_worker,
+    )

@@ -1,0 +1,12 @@
+"""How mirrorkit changes Keras and TensorFlow: one mechanism, below every feature that uses it.
+
+- `repair`: `Repair`, one reversible replacement of an attribute of a Keras or TensorFlow
+  module or class, with its reason, the strategies it applies to and its canary; the
+  repairs in place in the order they were applied (`applied`), and the scoped ones
+  (`SCOPED`, `scoped`) a part of mirrorkit keeps in place while it runs.
+- `fit_step`: the mark that a replica is inside ``fit``'s train or test step, which
+  the one-device step replacement sets and the loss and gradient repairs read.
+
+It imports no other part of mirrorkit but `mirrorkit.internals` (guarded reads of
+private internals), so every package may declare its patches with it.
+"""

@@ -15,14 +15,14 @@ from mirrorkit import flags as flags
 from mirrorkit.bench.benchmark import benchmark as benchmark
 from mirrorkit.cluster.chief import is_chief as is_chief
 from mirrorkit.cluster.chief import print as print
+from mirrorkit.equivalence.check import check_equivalence as check_equivalence
+from mirrorkit.equivalence.report import EquivalenceReport as EquivalenceReport
 from mirrorkit.faults.backup import resumable as resumable
 from mirrorkit.faults.preemption_checkpoint import PreemptionCheckpoint as PreemptionCheckpoint
 from mirrorkit.launcher.notebook import launch as launch
 from mirrorkit.pipeline.distributed import distribute as distribute
 from mirrorkit.scale.batchnorm import synchronize_batch_norm as synchronize_batch_norm
 from mirrorkit.scale.custom_step import unscale_loss as unscale_loss
-from mirrorkit.scale.equivalence import check_equivalence as check_equivalence
-from mirrorkit.scale.equivalence_report import EquivalenceReport as EquivalenceReport
 from mirrorkit.scale.lr import WarmUp as WarmUp
 from mirrorkit.scale.lr import scale_learning_rate as scale_learning_rate
 from mirrorkit.scale.memory import plan_memory as plan_memory

@@ -8,7 +8,7 @@ import pytest
 import tensorflow as tf
 
 import mirrorkit as mk
-from mirrorkit.scale import suspects
+from mirrorkit.equivalence import suspects
 
 rng = np.random.default_rng(0)
 X = rng.random((64, 6)).astype("float32")

@@ -27,10 +27,6 @@ CROSSINGS: dict[tuple[str, str], str] = {
     "fit: a feature of scale/, patched through compat.enable; it moves to scale/",
     ("compat", "training"): "compat/step_chain.py, a re-traced train function back in the step "
     "chain: a feature of training/step_hooks, patched through compat.enable; it moves there",
-    ("scale", "strategies"): "scale/equivalence.py, mk.check_equivalence trains whole models "
-    "(mk.strategy in its child process): it moves above training, with mk.plan_memory",
-    ("scale", "training"): "scale/equivalence.py, mk.check_equivalence builds with mk.build: "
-    "it moves above training, with mk.plan_memory",
 }
 
 

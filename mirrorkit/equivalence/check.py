@@ -14,8 +14,8 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from mirrorkit.environment_variables import CUDA_VISIBLE_DEVICES, TF_CONFIG, TF_CPP_MIN_LOG_LEVEL
+from mirrorkit.equivalence.report import EquivalenceReport
 from mirrorkit.number_checks import positive_int, positive_number
-from mirrorkit.scale.equivalence_report import EquivalenceReport
 
 #: Environment of the training processes: CPU replicas only, quiet.
 _CHILD_ENV = {CUDA_VISIBLE_DEVICES: "", TF_CPP_MIN_LOG_LEVEL: "2"}
@@ -181,7 +181,7 @@ def _train_here(pickled_model_fn, x, y, replicas, steps, batch_size, initial) ->
     import tensorflow as tf
 
     import mirrorkit as mk
-    from mirrorkit.scale import suspects
+    from mirrorkit.equivalence import suspects
 
     if replicas == 1:
         strategy = mk.strategy("one_device", devices=["CPU:0"])
@@ -252,7 +252,7 @@ def _logs_differing(got: dict, want: dict, tolerance: float) -> dict[str, float]
 
 
 def _causes(found: dict, rerun: float, tolerance: float, reference: int) -> list[str]:
-    from mirrorkit.scale import suspects
+    from mirrorkit.equivalence import suspects
 
     causes = suspects.describe(found)
     if rerun > tolerance:

@@ -64,13 +64,13 @@ from mirrorkit.compat import (
     predict_step,
     python_logs,
     shared_monitor,
-    step_chain,
     step_function,
     symbolic_build,
     validation_split,
 )
 from mirrorkit.patching import repair as _repair
 from mirrorkit.patching.repair import SCOPED, Repair
+from mirrorkit.training import step_chain
 
 REPAIRS: tuple[Repair, ...] = (
     symbolic_build.REPAIR,

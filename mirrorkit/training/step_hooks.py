@@ -154,7 +154,7 @@ def register(model: Any, hook: StepHook) -> None:
         )
     # The patch that puts a function Keras traces again back into the chain; applied here
     # too, for a model trained under a strategy mirrorkit did not make (idempotent).
-    from mirrorkit.compat import step_chain  # compat imports this module: not at the top
+    from mirrorkit.training import step_chain  # it imports this module: not at the top
 
     step_chain.REPAIR.apply()
     chain = _CHAINS.get(model)

@@ -75,7 +75,6 @@ def test_enable_is_idempotent_and_disable_restores():
         "keras_tuner_same_trial",
         "python_logs",
         "fit_notices",
-        "step_chain",
         "backup_step_epoch",
         "validation_split_message",
     ]
@@ -103,18 +102,26 @@ def _targets() -> dict[str, object]:
     return found
 
 
-def test_disable_restores_keras_whatever_order_the_repairs_went_on_in():
-    """enable(one device), then enable(2 replicas), then disable(): Keras is as it was.
+def _register_a_step_hook() -> None:
+    """A step hook on a model: `step_hooks.register` applies `step_chain` (first use)."""
+    from mirrorkit.training import step_hooks
 
-    One device needs `step_chain` only; 2 replicas add `fit_notices`, which wraps the same
-    `make_train_function` on top of it. Taken off in `REPAIRS`' order, `step_chain` came off
-    first and put back Keras's original under `fit_notices`'s wrapper, which then restored
-    `step_chain`'s: a repair stayed on Keras while `active()` said none did.
+    model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
+    step_hooks.register(model, step_hooks.StepHook("noop", lambda call, it: call(it), "call"))
+
+
+def test_disable_restores_keras_whatever_order_the_repairs_went_on_in():
+    """A step hook, then enable(2 replicas), then disable(): Keras is as it was.
+
+    The first step hook applies `step_chain`; 2 replicas add `fit_notices`, which wraps the
+    same `make_train_function` on top of it. Taken off in `REPAIRS`' order, `step_chain` came
+    off first and put back Keras's original under `fit_notices`'s wrapper, which then
+    restored `step_chain`'s: a repair stayed on Keras while `active()` said none did.
     """
     compat.disable()
     before = _targets()
     try:
-        compat.enable(tf.distribute.OneDeviceStrategy("/cpu:0"))
+        _register_a_step_hook()
         compat.enable(tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"]))
         assert "fit_notices" in compat.active() and "step_chain" in compat.active()
         compat.disable()
@@ -127,13 +134,14 @@ def test_disable_restores_keras_whatever_order_the_repairs_went_on_in():
 
 def test_a_repair_wrapped_by_another_does_not_come_off_under_it():
     """Removing the inner of two repairs of one internal raises, naming the outer one."""
+    from mirrorkit.training import step_chain
+
     compat.disable()
     try:
-        compat.enable(tf.distribute.OneDeviceStrategy("/cpu:0"))
+        _register_a_step_hook()
         compat.enable(tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"]))
-        (step_chain,) = [r for r in compat.REPAIRS if r.name == "step_chain"]
         with pytest.raises(RuntimeError, match="wraps it \\(fit_notices\\)"):
-            step_chain.remove()
+            step_chain.REPAIR.remove()
     finally:
         compat.disable()
         compat.enable()
@@ -201,7 +209,6 @@ def test_strategy_applies_what_it_needs():
         "one_iterator_predict",
         "one_iterator_lend",
         "keras_hub_inputs",
-        "step_chain",
         "validation_split_message",
     ]
     assert compat.active() == [name for name in expected if name not in fixed_upstream]
@@ -231,7 +238,6 @@ def test_strategy_applies_what_it_needs():
         "keras_hub_inputs",
         "python_logs",  # where its bug is not fixed (Keras 3.10)
         "fit_notices",
-        "step_chain",
         "backup_step_epoch",
         "validation_split_message",
     ]

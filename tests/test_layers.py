@@ -25,8 +25,6 @@ CROSSINGS: dict[tuple[str, str], str] = {
     "feature of the pipeline, patched through compat.enable; it moves to pipeline/",
     ("compat", "scale"): "compat/fit_notices.py, the batch-norm and own-train_step notices at "
     "fit: a feature of scale/, patched through compat.enable; it moves to scale/",
-    ("compat", "training"): "training/step_chain.py, a re-traced train function back in the step "
-    "chain: a feature of training/step_hooks that compat.enable applies; step_hooks will",
 }
 
 

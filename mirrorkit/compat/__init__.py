@@ -70,7 +70,6 @@ from mirrorkit.compat import (
 )
 from mirrorkit.patching import repair as _repair
 from mirrorkit.patching.repair import SCOPED, Repair
-from mirrorkit.training import step_chain
 
 REPAIRS: tuple[Repair, ...] = (
     symbolic_build.REPAIR,
@@ -93,14 +92,15 @@ REPAIRS: tuple[Repair, ...] = (
     *keras_tuner_trials.REPAIRS,
     python_logs.REPAIR,
     fit_notices.REPAIR,
-    step_chain.REPAIR,
     backup_epoch.REPAIR,
     validation_split.REPAIR,
 )
 
 #: Repairs a part of mirrorkit applies when it is first used, and keeps for the process:
 #: ``fit_epoch`` (the epoch each ``fit`` begins, for `mk.distribute`'s shuffled order), put in
-#: place by the first shuffled `mk.distribute` input. `active` lists them, `disable` removes them.
+#: place by the first shuffled `mk.distribute` input. The step hooks apply their own
+#: (``step_chain``, `mirrorkit.training.step_chain`) when the first hook is registered.
+#: `active` lists every one in place, `disable` removes them.
 ON_DEMAND: tuple[Repair, ...] = (fit_epoch.REPAIR,)
 
 
@@ -149,15 +149,21 @@ def disable() -> None:
 
 
 def active() -> list[str]:
-    """Names of the patches in place: `enable`'s, then `ON_DEMAND`'s, then the scoped ones.
+    """Names of the patches in place: `enable`'s in `REPAIRS`' order, the others, the scoped ones.
 
-    An `ON_DEMAND` repair is put in place when a part of mirrorkit is first used
-    (``fit_epoch`` by a shuffled `mk.distribute` input) and stays. A scoped repair is in
-    place while a part of mirrorkit needs it (``input_clock.*`` while a
-    ``ThroughputCallback`` is installed); `describe` says why each is there.
+    `enable` applies the repairs a strategy needs. A part of mirrorkit applies its own
+    when it is first used, and they stay (``fit_epoch`` for a shuffled `mk.distribute`
+    input, ``step_chain`` for the first step hook). A scoped repair is in place while a
+    part of mirrorkit needs it (``input_clock.*`` while a ``ThroughputCallback`` is
+    installed); `describe` says why each is there.
     """
-    applied = [repair.name for repair in REPAIRS + ON_DEMAND if repair.active]
-    return applied + [repair.name for repair in SCOPED]
+    return [repair.name for repair in _in_place()] + [repair.name for repair in SCOPED]
+
+
+def _in_place() -> list[Repair]:
+    """The repairs in place: `REPAIRS`' first, in its order, then the others as applied."""
+    applied = _repair.applied()
+    return [r for r in REPAIRS if r in applied] + [r for r in applied if r not in REPAIRS]
 
 
 def describe() -> list[dict[str, str]]:
@@ -179,10 +185,10 @@ def describe() -> list[dict[str, str]]:
     ```
     """
     rows = []
-    for repair in [r for r in REPAIRS + ON_DEMAND if r.active] + list(SCOPED):
+    for repair in _in_place() + list(SCOPED):
         if repair in SCOPED:
             applies = "while the part of mirrorkit that needs it runs"
-        elif repair in ON_DEMAND:
+        elif repair not in REPAIRS:
             applies = "from the first use of the part of mirrorkit that needs it"
         elif repair.package not in ("keras", "tensorflow"):
             applies = f"once {repair.package} is imported"

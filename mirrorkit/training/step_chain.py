@@ -9,7 +9,9 @@ dropped whatever wrapped the old function: ``ThroughputCallback`` listed
 before ``NaNGuard`` lost its timer and reported every step as host work.
 The replacement of ``TensorFlowTrainer.make_train_function`` puts the new
 function back into the chain of a model that has one, and changes nothing
-for a model without one.
+for a model without one. `mirrorkit.training.step_hooks.register` applies it
+when the first hook is registered; it stays, and `mirrorkit.compat.active()`
+lists it.
 """
 
 from __future__ import annotations

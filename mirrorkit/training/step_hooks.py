@@ -152,8 +152,8 @@ def register(model: Any, hook: StepHook) -> None:
             "register takes a StepHook, e.g. StepHook('name', fn, stage='call'); "
             f"got {type(hook).__name__} {hook!r}"
         )
-    # The patch that puts a function Keras traces again back into the chain; applied here
-    # too, for a model trained under a strategy mirrorkit did not make (idempotent).
+    # The patch that puts a function Keras traces again back into the chain: applied with
+    # the first hook (idempotent).
     from mirrorkit.training import step_chain  # it imports this module: not at the top
 
     step_chain.REPAIR.apply()

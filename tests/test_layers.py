@@ -21,8 +21,6 @@ PACKAGE = pathlib.Path(__file__).resolve().parent.parent / "mirrorkit"
 
 #: (importer, imported): why the import is still there, and what removes it.
 CROSSINGS: dict[tuple[str, str], str] = {
-    ("compat", "pipeline"): "compat/one_iterator.py, mk.distribute's one iterator per fit: a "
-    "feature of the pipeline, patched through compat.enable; it moves to pipeline/",
     ("compat", "scale"): "compat/fit_notices.py, the batch-norm and own-train_step notices at "
     "fit: a feature of scale/, patched through compat.enable; it moves to scale/",
 }

@@ -91,14 +91,14 @@ def _evaluate_and_predict(strategy=None):
     if strategy is None:
         return evaluated, predicted
     # The same through mk.distribute, twice each: one iterator kept across the calls.
-    from mirrorkit.pipeline import repeating
+    from mirrorkit import distributed_data
 
     strategy = model.distribute_strategy
     kept = mk.distribute((x, y), strategy, global_batch_size=GLOBAL_BATCH, for_eval=True)
     inputs = mk.distribute(x, strategy, global_batch_size=GLOBAL_BATCH, for_eval=True)
     again = [model.evaluate(kept, verbose=0, return_dict=True) for _ in range(2)]
     again += [model.predict(inputs, verbose=0) for _ in range(2)]
-    twins = (repeating.twin(kept), repeating.twin(inputs))
+    twins = (distributed_data.twin(kept), distributed_data.twin(inputs))
     return evaluated, predicted, again, [twin.kept_iterator is not None for twin in twins]
 
 

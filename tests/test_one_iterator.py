@@ -13,8 +13,8 @@ import pytest
 import tensorflow as tf
 
 import mirrorkit as mk
+from mirrorkit import distributed_data
 from mirrorkit.compat import one_iterator
-from mirrorkit.pipeline import repeating
 
 RNG = np.random.default_rng(0)
 X = RNG.normal(size=(200, 4)).astype("float32")  # 200 = 6 batches of 32 and 8 dropped
@@ -121,7 +121,7 @@ def test_steps_per_execution_never_reads_into_the_next_epoch(
 def test_fit_makes_one_training_and_one_validation_iterator(monkeypatch):
     strategy = mk.strategy(cpu_replicas=2)
     probe = mk.distribute((X, Y), strategy, global_batch_size=32, seed=7)
-    made = _iterators_made(monkeypatch, repeating.twin(probe))
+    made = _iterators_made(monkeypatch, distributed_data.twin(probe))
     _fit(strategy, epochs=4)
     assert len(made) == 2  # training and validation, over 4 epochs
 
@@ -138,9 +138,9 @@ def test_fit_made_an_iterator_per_epoch_before(monkeypatch, without_one_iterator
 def test_the_twin_gives_each_epoch_the_order_of_that_epoch():
     strategy = mk.strategy("one_device")
     data = mk.distribute(np.arange(10, dtype="int64"), strategy, global_batch_size=2, seed=3)
-    twin = repeating.twin(data)
-    assert data.steps_per_epoch == 5 and repeating.epoch_length(data) == 5
-    assert repeating.epoch_length(twin) is None  # a twin has no twin
+    twin = distributed_data.twin(data)
+    assert data.steps_per_epoch == 5 and distributed_data.epoch_length(data) == 5
+    assert distributed_data.epoch_length(twin) is None  # a twin has no twin
     epochs = []
     for epoch in range(3):  # an iterator per epoch, as Keras makes them
         data.epoch_order.begin(epoch)
@@ -160,7 +160,7 @@ def test_a_fit_given_its_own_steps_and_a_plain_dataset_are_left_alone():
     plain = strategy.experimental_distribute_dataset(
         tf.data.Dataset.from_tensor_slices((X, Y)).batch(32)
     )
-    assert repeating.epoch_length(plain) is None  # not mirrorkit's: never changed
+    assert distributed_data.epoch_length(plain) is None  # not mirrorkit's: never changed
     train = mk.distribute((X, Y), strategy, global_batch_size=32, seed=7)
     history = model.fit(train, epochs=2, steps_per_epoch=3, verbose=0)  # the caller's steps
     assert int(model.optimizer.iterations.numpy()) == 6 and len(history.history["loss"]) == 2
@@ -194,7 +194,7 @@ def test_an_iterator_left_reading_does_not_move_the_next_fits_orders():
     """A resumed fit's new iterator reads the epoch it begins, whatever an old one read since."""
     strategy = mk.strategy("one_device")
     data = mk.distribute(np.arange(10, dtype="int64"), strategy, global_batch_size=2, seed=3)
-    twin = repeating.twin(data)
+    twin = distributed_data.twin(data)
 
     def epoch_of(stream):
         return [int(v) for _ in range(5) for v in tf.reshape(next(stream), [-1]).numpy()]
@@ -211,11 +211,12 @@ def test_an_iterator_left_reading_does_not_move_the_next_fits_orders():
 def test_a_pipeline_that_reshuffles_itself_keeps_an_iterator_per_epoch():
     strategy = mk.strategy(cpu_replicas=2)
     own = tf.data.Dataset.from_tensor_slices((X, Y)).shuffle(200, seed=1).batch(32)
-    assert repeating.epoch_length(mk.distribute(own, strategy)) is None  # its own orders
+    assert distributed_data.epoch_length(mk.distribute(own, strategy)) is None  # its own orders
     streamed = mk.distribute((X, Y), strategy, global_batch_size=32, seed=1, cache=True)
-    assert repeating.epoch_length(streamed) is None  # a streamed shuffle's orders, likewise
+    assert distributed_data.epoch_length(streamed) is None  # a streamed shuffle's orders, likewise
     unshuffled = tf.data.Dataset.from_tensor_slices((X, Y)).batch(32)
-    assert repeating.epoch_length(mk.distribute(unshuffled, strategy)) == 7  # kept, not dropped
+    kept = mk.distribute(unshuffled, strategy)
+    assert distributed_data.epoch_length(kept) == 7  # kept, not dropped
 
 
 def _evaluate_and_predict(strategy, data, calls=3, steps_per_execution=1, callbacks=()):
@@ -338,7 +339,7 @@ def test_a_kept_iterator_goes_with_its_dataset_without_a_garbage_collection():
     gc.collect()
     gc.disable()
     try:
-        kept = weakref.ref(repeating.twin(data).kept_iterator)
+        kept = weakref.ref(distributed_data.twin(data).kept_iterator)
         del data  # the twin is in no reference cycle: its iterator is freed here, not later
         assert kept() is None
     finally:

@@ -14,14 +14,15 @@ from __future__ import annotations
 
 from typing import Any
 
+from mirrorkit import distributed_data
 from mirrorkit.cluster import chief
 from mirrorkit.patching.repair import Repair
 
 
 def _replacement(original):
     def get_data_adapter(x, *args: Any, class_weight=None, **kwargs: Any):
-        rebuild = getattr(x, "with_class_weight", None)
-        if class_weight is not None and callable(rebuild):
+        rebuild = distributed_data.class_weight_maker(x)
+        if class_weight is not None and rebuild is not None:
             chief.say_once(
                 "class-weight-routed",
                 "fit(class_weight=...) on an mk.distribute dataset: the class weights are "

@@ -41,10 +41,9 @@ from typing import Any
 
 import tensorflow as tf
 
-from mirrorkit import internals
+from mirrorkit import distributed_data, internals
 from mirrorkit.cluster import chief
 from mirrorkit.patching.repair import Repair
-from mirrorkit.pipeline import repeating
 
 _USED_FOR = "the one_iterator repair (one validation iterator per fit)"
 _TRAINER = "keras.src.backend.tensorflow.trainer"
@@ -53,14 +52,14 @@ _TRAINER = "keras.src.backend.tensorflow.trainer"
 def _one_iterator(bound: inspect.BoundArguments, data: str, steps: str) -> None:
     """Swaps `data` for its repeating twin and sets `steps`, where mirrorkit can."""
     arguments = bound.arguments
-    length = repeating.epoch_length(arguments.get(data))
+    length = distributed_data.epoch_length(arguments.get(data))
     if length is None and arguments.get(steps) is None and arguments.get("epochs", 1) > 1:
         _say_if_distributed_elsewhere(arguments.get(data), data)
     if length is None or arguments.get(steps) is not None:
         return
     if not _whole_executions(arguments["self"], length):
         return
-    arguments[data] = repeating.twin(arguments[data])
+    arguments[data] = distributed_data.twin(arguments[data])
     arguments[steps] = length
 
 
@@ -77,7 +76,9 @@ def _whole_executions(model: Any, length: int) -> bool:
 
 def _say_if_distributed_elsewhere(dataset: Any, argument: str) -> None:
     """Says once that a dataset distributed without mirrorkit gets an iterator per epoch."""
-    if not isinstance(dataset, tf.distribute.DistributedDataset) or repeating.made_here(dataset):
+    if not isinstance(dataset, tf.distribute.DistributedDataset):
+        return
+    if distributed_data.made_here(dataset):
         return
     chief.say_once(
         f"iterator-per-epoch-{argument}",
@@ -112,7 +113,8 @@ def _keeps_its_iterator(epoch_iterator) -> bool:
         epoch_iterator, "_distributed_dataset", name="keras TFEpochIterator._distributed_dataset",
         used_for=_USED_FOR,
     )  # fmt: skip
-    if not repeating.is_twin(dataset):  # read as it is: never a new pipeline for an array input
+    # read as it is: never a new pipeline for an array input
+    if not distributed_data.is_twin(dataset):
         return False
     seen = internals.require(
         epoch_iterator, "_steps_seen", name="keras EpochIterator._steps_seen", used_for=_USED_FOR
@@ -162,12 +164,12 @@ def _across_calls_replacement(original, stopped: str):
         bound = signature.bind(self, *args, **kwargs)
         arguments = bound.arguments
         data = arguments.get("x")
-        length = repeating.epoch_length(data)
+        length = distributed_data.epoch_length(data)
         if length is None or arguments.get("steps") is not None:
             return original(*bound.args, **bound.kwargs)
-        if not repeating.same_every_epoch(data) or not _whole_executions(self, length):
+        if not distributed_data.same_every_epoch(data) or not _whole_executions(self, length):
             return original(*bound.args, **bound.kwargs)
-        twin = repeating.twin(data)
+        twin = distributed_data.twin(data)
         arguments["x"] = twin
         arguments["steps"] = length
         loan = _Loan(twin)
@@ -180,7 +182,7 @@ def _across_calls_replacement(original, stopped: str):
         finally:
             _loan.reset(token)
             # Kept only at an epoch boundary: the next call reads the next (the same) epoch.
-            twin.kept_iterator = loan.iterator if whole_epoch else None
+            distributed_data.keep_iterator(twin, loan.iterator if whole_epoch else None)
 
     call.__wrapped__ = original
     call.__doc__ = original.__doc__
@@ -193,10 +195,9 @@ def _get_iterator_replacement(original):
         loan = _loan.get()
         if loan is None or dataset is not loan.twin:
             return dataset
-        kept = getattr(dataset, "kept_iterator", None)
-        if kept is not None and loan.iterator is None:  # the kept one, once per call at most
-            dataset.kept_iterator = None  # lent: a nested call on the same data makes its own
-            loan.iterator = kept
+        kept = distributed_data.take_kept_iterator(dataset) if loan.iterator is None else None
+        if kept is not None:  # the kept one, once per call at most; lent: a nested call on the
+            loan.iterator = kept  # same data makes its own
         else:  # none kept, or a second request in one call (the first may be part-way)
             loan.iterator = iter(dataset)
         return loan.iterator

@@ -55,40 +55,6 @@ def attach(made: tf.distribute.DistributedDataset, make: Maker, data: Any) -> No
     made.repeating_twin = _Twin(make)
 
 
-def made_here(data: Any) -> bool:
-    """Whether `data` is a dataset `mk.distribute` made (twin or not)."""
-    return hasattr(data, "repeating_twin")  # mirrorkit's own attribute, set by `attach`
-
-
-def epoch_length(data: Any) -> int | None:
-    """The steps of one epoch of `data` when it is an `mk.distribute` dataset that has a twin."""
-    if getattr(data, "repeating_twin", None) is None:  # mirrorkit's own attribute
-        return None
-    steps = getattr(data, "steps_per_epoch", None)  # set by mk.distribute (assemble.describe)
-    return int(steps) if steps else None
-
-
-def is_twin(data: Any) -> bool:
-    """Whether `data` is a repeating twin (what ``fit`` reads instead of the dataset)."""
-    return getattr(data, "is_repeating_twin", False)  # mirrorkit's own attribute
-
-
-def same_every_epoch(data: Any) -> bool:
-    """Whether every epoch of `data` (an `mk.distribute` dataset) gives the same batches in order.
-
-    True when it is not shuffled: ``evaluate`` and ``predict`` may then read one
-    iterator across calls, each call the next epoch.
-    """
-    return (
-        getattr(data, "epoch_order", None) is None and getattr(data, "shuffle_stream", None) is None
-    )  # set by mk.distribute for an in-memory or streamed shuffle
-
-
-def twin(data: tf.distribute.DistributedDataset) -> tf.distribute.DistributedDataset:
-    """`data`'s repeating twin (made once), for ``fit`` with ``steps_per_epoch=epoch_length``."""
-    return data.repeating_twin.get()
-
-
 class _Twin:
     """The repeating twin of one dataset, made on first use; its class-weighted twins too."""
 

@@ -21,8 +21,8 @@ PACKAGE = pathlib.Path(__file__).resolve().parent.parent / "mirrorkit"
 
 #: (importer, imported): why the import is still there, and what removes it.
 CROSSINGS: dict[tuple[str, str], str] = {
-    ("compat", "scale"): "compat/fit_notices.py, the batch-norm and own-train_step notices at "
-    "fit: a feature of scale/, patched through compat.enable; it moves to scale/",
+    ("compat", "scale"): "scale/fit_notices.py, the batch-norm and own-train_step notices at "
+    "fit: a feature of scale/ that compat.enable applies; scale/ will apply it",
 }
 
 

@@ -52,7 +52,6 @@ from mirrorkit.compat import (
     chief_saves,
     class_weight,
     fit_epoch,
-    fit_notices,
     gradient_accumulation,
     keras_hub_inputs,
     keras_tuner_trials,
@@ -70,6 +69,7 @@ from mirrorkit.compat import (
 )
 from mirrorkit.patching import repair as _repair
 from mirrorkit.patching.repair import SCOPED, Repair
+from mirrorkit.scale import fit_notices
 
 REPAIRS: tuple[Repair, ...] = (
     symbolic_build.REPAIR,

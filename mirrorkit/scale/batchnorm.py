@@ -7,7 +7,7 @@ moving averages differ from one device on the global batch, unless the layer
 is built with ``BatchNormalization(synchronized=True)``, which all-reduces
 them. This is no error (per-replica statistics are a valid choice, and
 cheaper), so `mk.build`, and ``fit`` whatever built the model
-(`mirrorkit.compat.fit_notices`), say it once on the chief rather than
+(`mirrorkit.scale.fit_notices`), say it once on the chief rather than
 changing the model. A frozen layer (``trainable = False``, e.g. inside a base
 model frozen for transfer learning) normalises with its moving statistics,
 the same on every replica, and is not counted; once the base is unfrozen

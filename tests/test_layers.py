@@ -7,9 +7,7 @@ runs whenever the function does. So every ``import`` counts here, at module leve
 from). A package is a folder of mirrorkit (``compat``, ``training``, ...) or a module at
 its top (``notices``, ``internals``).
 
-`CROSSINGS` lists the imports that still close a cycle, each with what has to move to
-remove it. The test fails on a new cycle, and on a crossing that is gone (take it off the
-list): the list only shrinks.
+The test fails on any cycle, naming the imports that close it.
 """
 
 from __future__ import annotations
@@ -18,13 +16,6 @@ import ast
 import pathlib
 
 PACKAGE = pathlib.Path(__file__).resolve().parent.parent / "mirrorkit"
-
-#: (importer, imported): why the import is still there, and what removes it.
-CROSSINGS: dict[tuple[str, str], str] = {
-    ("compat", "scale"): "scale/fit_notices.py, the batch-norm and own-train_step notices at "
-    "fit: a feature of scale/ that compat.enable applies; scale/ will apply it",
-}
-
 
 def _module_name(path: pathlib.Path) -> str:
     parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
@@ -121,18 +112,11 @@ def cycle(edges) -> list[str] | None:
 
 def test_no_two_packages_import_each_other():
     edges = package_imports()
-    left = {edge: where for edge, where in edges.items() if edge not in CROSSINGS}
-    found = cycle(left)
+    found = cycle(edges)
     if found:
         pairs = zip(found, found[1:], strict=False)
-        steps = [f"{a} -> {b} ({', '.join(left[(a, b)][:3])})" for a, b in pairs]
+        steps = [f"{a} -> {b} ({', '.join(edges[(a, b)][:3])})" for a, b in pairs]
         raise AssertionError("packages that import each other:\n  " + "\n  ".join(steps))
-
-
-def test_every_listed_crossing_is_still_there():
-    edges = package_imports()
-    gone = [edge for edge in CROSSINGS if edge not in edges]
-    assert gone == [], f"these imports are gone: take them off CROSSINGS: {gone}"
 
 
 def test_the_graph_counts_imports_inside_functions_and_mk_names():

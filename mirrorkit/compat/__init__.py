@@ -69,7 +69,6 @@ from mirrorkit.compat import (
 )
 from mirrorkit.patching import repair as _repair
 from mirrorkit.patching.repair import SCOPED, Repair
-from mirrorkit.scale import fit_notices
 
 REPAIRS: tuple[Repair, ...] = (
     symbolic_build.REPAIR,
@@ -91,7 +90,6 @@ REPAIRS: tuple[Repair, ...] = (
     keras_hub_inputs.REPAIR,
     *keras_tuner_trials.REPAIRS,
     python_logs.REPAIR,
-    fit_notices.REPAIR,
     backup_epoch.REPAIR,
     validation_split.REPAIR,
 )
@@ -126,6 +124,7 @@ def enable(strategy: tf.distribute.Strategy | None = None) -> list[str]:
     for repair in REPAIRS:
         if strategy is None or repair.applies_to(strategy):
             repair.apply()
+    _repair.enable_declared(strategy)  # what parts of mirrorkit declared for such strategies
     names = active()
     if names:
         repairs = "repair" if len(names) == 1 else "repairs"
@@ -144,8 +143,7 @@ def disable() -> None:
     were applied (which `enable` for one strategy, then another, or a part of
     mirrorkit used first, decides), so they come off in the reverse order.
     """
-    for repair in reversed(_repair.applied()):
-        repair.remove()
+    _repair.remove_all()
 
 
 def active() -> list[str]:
@@ -188,6 +186,8 @@ def describe() -> list[dict[str, str]]:
     for repair in _in_place() + list(SCOPED):
         if repair in SCOPED:
             applies = "while the part of mirrorkit that needs it runs"
+        elif repair.applied_when:
+            applies = repair.applied_when
         elif repair not in REPAIRS:
             applies = "from the first use of the part of mirrorkit that needs it"
         elif repair.package not in ("keras", "tensorflow"):

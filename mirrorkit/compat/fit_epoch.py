@@ -70,4 +70,5 @@ REPAIR = Repair(
     target="CallbackList.on_epoch_begin",
     replacement=_on_epoch_begin,
     applies_to=lambda strategy: True,
+    applied_when="with the first shuffled mk.distribute input",
 )

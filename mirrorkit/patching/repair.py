@@ -51,6 +51,9 @@ class Repair:
     owned: bool = True
     #: The replacement `apply` put in place (None while the repair is not in place).
     installed: Any = None
+    #: When it is put in place, where that is not `compat.enable` for a strategy it applies
+    #: to (``"with the first step hook"``): what `compat.describe` says.
+    applied_when: str = ""
 
     @property
     def checks_keras(self) -> bool:
@@ -145,6 +148,48 @@ _APPLIED: list[Repair] = []
 def applied() -> list[Repair]:
     """The repairs in place (not the scoped ones), in the order they were applied."""
     return list(_APPLIED)
+
+
+#: Repairs a part of mirrorkit declares for the strategies `compat.enable` is called for,
+#: besides compat's own (`declare`), in the order declared.
+_DECLARED: list[Repair] = []
+#: The strategies `compat.enable` was called for since the last `compat.disable` (None: all).
+_ENABLED: list[Any] = []
+
+
+def declare(repair: Repair) -> Repair:
+    """Declares a repair that `compat.enable` applies with its own, where it is defined.
+
+    A part of mirrorkit that changes Keras for every strategy spanning replicas (the notices
+    at ``fit``) declares its repair when it is imported; it is applied at once if
+    `compat.enable` was already called for a strategy it applies to.
+
+    Args:
+        repair: the repair, with `Repair.applies_to` saying which strategies need it.
+
+    Returns:
+        `repair`, for ``REPAIR = declare(Repair(...))``.
+    """
+    if repair not in _DECLARED:
+        _DECLARED.append(repair)
+        if any(strategy is None or repair.applies_to(strategy) for strategy in _ENABLED):
+            repair.apply()
+    return repair
+
+
+def enable_declared(strategy: Any) -> None:
+    """Applies the declared repairs `strategy` needs (None: all), now and when declared later."""
+    _ENABLED.append(strategy)
+    for repair in _DECLARED:
+        if strategy is None or repair.applies_to(strategy):
+            repair.apply()
+
+
+def remove_all() -> None:
+    """Removes every repair in place, in the reverse of the order they were applied."""
+    for repair in reversed(_APPLIED):
+        repair.remove()
+    _ENABLED.clear()
 
 
 def apply_scoped(repair: Repair) -> None:

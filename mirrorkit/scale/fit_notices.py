@@ -13,14 +13,18 @@ train function under several replicas, the chief says once:
   ``strategy.scope()``, or a base model unfrozen since (``trainable = True``
   before compiling again, as the transfer-learning guide does).
 
-The replacement of ``make_train_function`` changes nothing else.
+The replacement of ``make_train_function`` changes nothing else. It is declared
+(`mirrorkit.patching.repair.declare`): `mk.strategy()` and `mk.build` import this
+module, and `mirrorkit.compat.enable` then applies it with its own repairs for
+every strategy spanning replicas. ``mk.compat.enable(strategy)`` alone, for a
+strategy and a model made without them, does not say these notices.
 """
 
 from __future__ import annotations
 
 from mirrorkit.cluster import chief
 from mirrorkit.cluster.workers import spans_replicas
-from mirrorkit.patching.repair import Repair
+from mirrorkit.patching.repair import Repair, declare
 from mirrorkit.scale import batchnorm
 from mirrorkit.scale.custom_step import custom_train_step
 
@@ -51,11 +55,14 @@ def _replacement(original):
     return make_train_function
 
 
-REPAIR = Repair(
-    name="fit_notices",
-    upstream="keras.io guide 'Customizing what happens in fit()'; keras-team/keras#20285",
-    module="keras.src.backend.tensorflow.trainer",
-    target="TensorFlowTrainer.make_train_function",
-    replacement=_replacement,
-    applies_to=spans_replicas,
+REPAIR = declare(
+    Repair(
+        name="fit_notices",
+        upstream="keras.io guide 'Customizing what happens in fit()'; keras-team/keras#20285",
+        module="keras.src.backend.tensorflow.trainer",
+        target="TensorFlowTrainer.make_train_function",
+        replacement=_replacement,
+        applies_to=spans_replicas,
+        applied_when="with mk.strategy() or mk.build, where the strategy spans replicas",
+    )
 )

@@ -10,7 +10,10 @@ import tensorflow as tf
 from mirrorkit import compat
 from mirrorkit.cluster import chief, workers
 from mirrorkit.compat.multi_worker_reduce import LOCAL_STEP_LOGS
-from mirrorkit.scale import batchnorm
+from mirrorkit.scale import (
+    batchnorm,
+    fit_notices,  # noqa: F401 - declares its repair for compat.enable
+)
 from mirrorkit.strategies import current
 from mirrorkit.training import compression
 

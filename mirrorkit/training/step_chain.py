@@ -38,4 +38,5 @@ REPAIR = Repair(
     target="TensorFlowTrainer.make_train_function",
     replacement=_replacement,
     applies_to=lambda strategy: True,
+    applied_when="with the first step hook (ThroughputCallback, NaNGuard, PreemptionCheckpoint)",
 )

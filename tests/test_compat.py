@@ -11,6 +11,7 @@ from _models import tiny_model
 
 import mirrorkit as mk
 from mirrorkit import compat
+from mirrorkit.patching.repair import declared
 
 
 @pytest.fixture
@@ -79,7 +80,7 @@ def test_enable_is_idempotent_and_disable_restores():
     ]
     # A repair whose bug this Keras has fixed steps aside (python_logs on Keras 3.15), and
     # keras_hub_inputs waits for keras-hub to be imported.
-    needed = [repair.name for repair in compat.REPAIRS if repair.needed()]
+    needed = [repair.name for repair in compat.REPAIRS + tuple(declared()) if repair.needed()]
     assert compat.enable() == needed
     patched = trainer.reduce_per_replica
     assert patched is not original and patched.__wrapped__ is original

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import ast
 import pathlib
+import re
 
 PACKAGE = pathlib.Path(__file__).resolve().parent.parent / "mirrorkit"
 
@@ -141,3 +142,33 @@ def test_the_patch_mechanism_imports_no_feature():
         "strategies",
         "throughput",
     }
+
+
+def _levels(edges) -> dict[str, int]:
+    """Each package's layer: 0 for one that imports no other, else one above its highest."""
+    below: dict[str, set[str]] = {}
+    for importer, target in edges:
+        below.setdefault(importer, set()).add(target)
+        below.setdefault(target, set())
+    levels: dict[str, int] = {}
+
+    def level(package: str) -> int:
+        if package not in levels:
+            levels[package] = 1 + max((level(p) for p in below[package]), default=-1)
+        return levels[package]
+
+    for package in below:
+        level(package)
+    return levels
+
+
+def test_the_architecture_page_draws_the_layers_there_are():
+    """docs/ARCHITECTURE.md's "Layers" table is the package graph's, row for row."""
+    page = (PACKAGE.parent / "docs" / "ARCHITECTURE.md").read_text()
+    table = page.split("## Layers", 1)[1].split("\n## ", 1)[0]
+    drawn = {
+        name: int(level)
+        for level, names in re.findall(r"^\| (\d+) \| (.+) \|$", table, re.MULTILINE)
+        for name in re.findall(r"`([\w]+)`", names)
+    }
+    assert drawn == _levels(package_imports())

@@ -177,6 +177,11 @@ def declare(repair: Repair) -> Repair:
     return repair
 
 
+def declared() -> list[Repair]:
+    """The repairs parts of mirrorkit declared for `compat.enable`, in the order declared."""
+    return list(_DECLARED)
+
+
 def enable_declared(strategy: Any) -> None:
     """Applies the declared repairs `strategy` needs (None: all), now and when declared later."""
     _ENABLED.append(strategy)

@@ -55,12 +55,39 @@ def _sharded_twice_on_workers(strategy):
     return unsharded, [m for m in said if "already takes one shard" in m], off
 
 
+def _own_input_on_workers(strategy):
+    """shard='off': each worker its own 64 examples, global batch 16 (8 of its own a step)."""
+    import tensorflow as tf
+
+    import mirrorkit as mk
+    from mirrorkit.cluster import workers
+
+    rank = workers.position(strategy).worker_index
+    own = tf.data.Dataset.range(64).map(lambda i: i + 1000 * rank)
+    batched = own.batch(16)  # batched by the global batch: re-batched by its share
+    found = {}
+    for name, data in (("examples", own), ("batched", batched)):
+        made = mk.distribute(data, strategy, global_batch_size=16, shuffle=False, shard="off")
+        steps = _local_steps(strategy, made)  # each step: this worker's replicas' examples
+        ids = [i for step in steps for i in step]
+        found[name] = (rank, ids, [len(step) for step in steps], made.steps_per_epoch)
+    return found
+
+
+def _local_steps(strategy, distributed):
+    return [
+        [i for value in strategy.experimental_local_results(batch) for i in value.numpy().tolist()]
+        for batch in distributed
+    ]
+
+
 def distribute_scenarios(strategy, data_dir):
     """In each worker of the shared job: the scenarios, on its strategy."""
     return {
         "arrays": _arrays_on_workers(strategy),
         "tfds": _tfds_on_workers(strategy, data_dir),
         "sharded_twice": _sharded_twice_on_workers(strategy),
+        "own_input": _own_input_on_workers(strategy),
     }
 
 
@@ -84,10 +111,10 @@ def test_a_dataset_that_already_shards_is_said_once_to_be_sharded_again(job):
     (unsharded, sharded, off), (_, on_worker_1, _) = [s["sharded_twice"] for s in job]
     assert unsharded == [] and on_worker_1 == []  # the chief says it, once
     assert len(sharded) == 1 and "divides it between the 2 workers again" in sharded[0]
-    assert "A pipeline that already shards per worker" in sharded[0]
+    assert "(docs: inputs/#a-pipeline-that-already-shards-per-worker)" in sharded[0]
     assert off == [
-        "input not split among the 2 workers (shard='off'): each worker's batches are its own "
-        "pipeline's"
+        "input not split among the 2 workers (shard='off'): each worker reads all of its own "
+        "input, its share of each global batch a step; give every worker as many examples"
     ]
 
 
@@ -120,3 +147,17 @@ def test_tfds_files_are_read_by_exactly_one_worker(tfds_dir, job):
     for file_ids in files:  # each file's examples went to one worker only
         readers = [w for w, ids in enumerate((ids0, ids1)) if file_ids & set(ids)]
         assert len(readers) == 1, readers
+
+
+def test_shard_off_trains_each_worker_on_all_of_its_own_input(job):
+    """Each worker's 64 examples, global batch 16 on 2 workers: 8 steps of 8 of its own.
+
+    TensorFlow gives a worker whose input is not sharded its share of each global batch a
+    step, so each worker reads its 64 examples in 8 steps; the epoch said 4, and fit's one
+    iterator stopped there, half of each worker's input unread.
+    """
+    for scenarios in job:
+        for name in ("examples", "batched"):
+            rank, ids, steps, steps_per_epoch = scenarios["own_input"][name]
+            assert ids == [i + 1000 * rank for i in range(64)], name  # all its own, in order
+            assert steps == [8] * 8 and steps_per_epoch == 8, (name, steps, steps_per_epoch)

@@ -109,7 +109,7 @@ def global_pipeline(
     distributed.epoch_order = order
     if options.shuffle and order is None:
         epoch_order.mark_stream(distributed)
-    return describe(distributed, sizes, count, steps, dropped)
+    return describe(distributed, sizes, count, _steps_on_a_worker(steps, options, workers), dropped)
 
 
 def kept_batches(
@@ -157,7 +157,19 @@ def kept_batches(
         say_unknown_length()
     distributed = _distribute_global_batches(dataset, strategy, options, workers)
     distributed.epoch_order = None
-    return describe(distributed, sizes, count, steps, dropped)
+    return describe(distributed, sizes, count, _steps_on_a_worker(steps, options, workers), dropped)
+
+
+def _steps_on_a_worker(steps: int | None, options: Options, workers: int) -> int | None:
+    """The steps of an epoch on each worker, from the global batches of its input.
+
+    A worker whose input is not sharded (``shard="off"``) reads all of it, and
+    TensorFlow gives it its share of each global batch a step: each global batch
+    of its input is `workers` of its steps.
+    """
+    if steps is None or workers < 2 or options.shard != "off":
+        return steps
+    return steps * workers
 
 
 def _whole_batches(dataset: tf.data.Dataset, size: int, steps: int) -> tf.data.Dataset:
@@ -185,8 +197,9 @@ def _distribute_global_batches(
     if workers > 1 and shard == "off":
         chief.say_once(
             "shard-off",
-            f"input not split among the {workers} workers (shard='off'): each worker's batches "
-            "are its own pipeline's",
+            f"input not split among the {workers} workers (shard='off'): each worker reads all "
+            "of its own input, its share of each global batch a step; give every worker as many "
+            "examples",
         )
     elif workers > 1:
         chief.say_once(

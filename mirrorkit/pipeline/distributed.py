@@ -85,8 +85,9 @@ def distribute(
             batch in training only where the replicas cannot share it evenly.
         shard: how workers divide the data: ``"auto"`` (by file when there
             are at least as many files as workers, else by example),
-            ``"file"``, ``"example"``, or ``"off"`` (every worker sees every
-            example; you shard yourself).
+            ``"file"``, ``"example"``, or ``"off"`` (each worker reads all of
+            its own input, its share of each global batch a step: for an input
+            you shard yourself, or the same examples on every worker).
         cache: cache the decoded examples in memory after the first epoch.
         prefetch: prefetch batches in the background.
         for_eval: evaluation or prediction input: no shuffle, no dropped

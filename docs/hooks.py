@@ -84,7 +84,7 @@ on_files = CombinedEvent(_add_notebook_pages, _add_linked_files)
 
 
 #: A page of the site named in a message or docstring: ``docs: PAGE/`` or ``docs: PAGE/#SECTION``.
-SITE_REFERENCE = re.compile(r"(?<![\w/])docs: ((?:[a-z0-9_-]+/)+)(#[\w-]+)?")
+SITE_REFERENCE = re.compile(r"(?<![\w/])docs:\s+((?:[a-z0-9_-]+/)+)(#[\w-]+)?")
 
 
 def on_page_content(html: str, page, config, files) -> str:

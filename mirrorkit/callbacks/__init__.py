@@ -5,7 +5,8 @@
 - `ReplicaSyncCheck`: every N steps, checks that every replica of every worker
   holds the same variables, naming the first one that differs.
 - `HangWatchdog`: a training step that never completes ends the worker, naming
-  the step and dumping its Python stacks (`mirrorkit.faults.step_timeout`).
+  the step and dumping its Python stacks (docs:
+  failures/#a-training-step-never-completes-deadlocked-input-pipeline-user-code-that-never-returns).
 
 Example:
 ```python

@@ -21,7 +21,7 @@ class HangWatchdog(keras.callbacks.Callback):
     has it, the watchdog then writes which worker stopped and in which epoch and
     batch, dumps the Python stacks of every thread (`faulthandler`) to stderr
     (the worker's log), and ends the process with exit status 43
-    (`mirrorkit.exit_statuses.STEP_HUNG`); under
+    (docs: contracts/#exit-statuses); under
     `mirrorkit launch` the other workers are then stopped and the job fails
     naming that worker. In a multi-worker job the peers of a stuck worker wait
     in the same step's all-reduce, so each one ends the same way: the stacks

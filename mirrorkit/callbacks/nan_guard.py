@@ -88,7 +88,7 @@ class NaNGuard(keras.callbacks.Callback):
     With a ``LossScaleOptimizer`` (``mixed_float16``) it checks each
     replica's loss only: a non-finite gradient is how dynamic loss scaling
     finds its scale, and that step is skipped on every replica together
-    (`mirrorkit.compat.agreed_loss_scale`); a non-finite loss, which no loss
+    (docs: compat/#mixed-precision-across-replicas); a non-finite loss, which no loss
     scale can fix, stops every worker. The loss flags travel in the loss
     scale's own finite check, not in the gradient all-reduce, which a
     skipped step never reaches.

@@ -23,8 +23,8 @@ def is_chief() -> bool:
     """Returns True in the process that owns side effects of the job.
 
     The chief is the task of type ``chief`` in ``TF_CONFIG``, else worker 0;
-    under a Slurm step it is rank 0 (node 0's first task; `mirrorkit.cluster.slurm`
-    numbers the tasks by node, then ``SLURM_LOCALID``); in a single process it
+    under a Slurm step it is rank 0 (node 0's first task; the tasks are
+    numbered by node, then ``SLURM_LOCALID``); in a single process it
     is that process. The answer comes from the environment alone, so it is
     cheap and never initialises TensorFlow.
 

@@ -46,8 +46,8 @@ def launch(
             (``KERASTUNER_ORACLE_IP``/``_PORT`` on loopback) is reached without it.
         tf_startup_logs: keep TensorFlow's C++ start-up lines (``Could not find
             cuda drivers``, ``failed call to cuInit`` on a machine without a
-            GPU, ...) in the streamed output; they are dropped by default (see
-            `mirrorkit.launcher.tf_noise`).
+            GPU, ...) in the streamed output; they are dropped by default (docs:
+            multi-worker/#tensorflows-start-up-lines).
 
     Returns:
         Worker 0's (the chief's) return value.

@@ -71,7 +71,7 @@ def strategy(
             after that, N up to the number of logical CPUs already fixed is
             served from those (said once), and a larger N is an error.
         all_reduce: ``auto``, ``nccl``, ``ring``, ``hierarchical_copy`` or
-            ``reduce_to_one``; see `mirrorkit.strategies.allreduce`.
+            ``reduce_to_one``; docs: keras-code/#all-reduce-choices.
         bucket_mb: pack gradients into all-reduce buckets of this many MB.
         timeout_s: abort a collective that waits longer than this (the
             collective all-reduce only; a warning where TensorFlow has none).
@@ -79,7 +79,8 @@ def strategy(
             peers to start (default 600 s; None: no limit). Meanwhile the chief
             says every few seconds which tasks are not up yet; after it, or on
             Ctrl-C/SIGTERM, the process ends (exit status 137) with a message
-            naming the missing tasks. See `mirrorkit.strategies.peer_wait`.
+            naming the missing tasks (docs:
+            failures/#a-worker-never-starts-typo-in-a-host-name-a-pod-that-never-scheduled).
 
     Returns:
         A `tf.distribute.Strategy`: TensorFlow's own object, no wrapper.

@@ -38,8 +38,8 @@ def build(
         strategy: the strategy; None means the strategy in scope, else the one
             `mk.strategy()` made last, else TensorFlow's default.
         gradient_compression: ``"fp16"`` or ``"bf16"`` all-reduces float32
-            gradients in 16 bits (half the bytes, less precision; see
-            `mirrorkit.training.compression`); None (the default) keeps float32.
+            gradients in 16 bits (half the bytes, less precision; docs:
+            throughput/#communication-bound); None (the default) keeps float32.
         step_logs: ``"averaged"`` (the default) averages the logs Keras
             hands to the progress bar and ``on_train_batch_end`` over every
             replica after each step; ``"local"`` averages them over this

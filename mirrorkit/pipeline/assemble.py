@@ -163,9 +163,8 @@ def kept_batches(
 def _steps_on_a_worker(steps: int | None, options: Options, workers: int) -> int | None:
     """The steps of an epoch on each worker, from the global batches of its input.
 
-    A worker whose input is not sharded (``shard="off"``) reads all of it, and
-    TensorFlow gives it its share of each global batch a step: each global batch
-    of its input is `workers` of its steps.
+    A worker whose input is not sharded (``shard="off"``) reads all of it, its share of
+    each global batch a step (TensorFlow's split): each global batch is `workers` steps.
     """
     if steps is None or workers < 2 or options.shard != "off":
         return steps

@@ -76,7 +76,7 @@ def distribute(
             batches are kept (its own shuffle applies). In-memory arrays take
             the order of (seed, epoch), which `mk.resumable` and
             `mk.PreemptionCheckpoint` replay on resume
-            (`mirrorkit.pipeline.epoch_order`).
+            (docs: resume/#shuffled-input-resumes-in-its-own-order).
         seed: makes the shuffled orders repeatable. When None, a seed is
             drawn once and shared by all workers (said once).
         drop_remainder: ``"auto"`` drops a last partial global batch in
@@ -104,7 +104,8 @@ def distribute(
             its class's weight as its sample weight, exactly as Keras's
             ``fit(class_weight=...)`` does on one device (which cannot map a
             distributed dataset). ``fit(mk.distribute(...), class_weight=...)``
-            comes here by itself (`mirrorkit.compat.class_weight`).
+            comes here by itself (docs:
+            compat/#class-weights-on-a-distributed-dataset).
 
     Returns:
         TensorFlow's own distributed dataset, which ``fit``, ``evaluate`` and

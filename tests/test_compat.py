@@ -152,6 +152,20 @@ def test_a_repair_wrapped_by_another_does_not_come_off_under_it():
         compat.enable()
 
 
+def test_compat_enable_keeps_no_strategy_alive():
+    """The strategies enable() was called for are held weakly (for repairs declared later)."""
+    import gc
+    import weakref
+
+    strategy = tf.distribute.OneDeviceStrategy("/cpu:0")
+    compat.enable(strategy)
+    held = weakref.ref(strategy)
+    del strategy
+    gc.collect()
+    assert held() is None
+    compat.enable()
+
+
 def test_only_a_canary_that_reads_keras_is_called_one():
     """keras_hub's and keras_tuner's repairs apply once imported: no Keras code is read."""
     from mirrorkit.compat import keras_hub_inputs, keras_tuner_trials, optimizer_variables

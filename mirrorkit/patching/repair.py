@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import weakref
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -153,8 +154,11 @@ def applied() -> list[Repair]:
 #: Repairs a part of mirrorkit declares for the strategies `compat.enable` is called for,
 #: besides compat's own (`declare`), in the order declared.
 _DECLARED: list[Repair] = []
-#: The strategies `compat.enable` was called for since the last `compat.disable` (None: all).
-_ENABLED: list[Any] = []
+#: Whether `compat.enable` was called for every strategy (None) since the last `disable`.
+_ENABLED_FOR_ALL = [False]
+#: The strategies `compat.enable` was called for since then, held weakly: a strategy the
+#: user dropped is not kept alive for a repair declared later.
+_ENABLED: weakref.WeakSet = weakref.WeakSet()
 
 
 def declare(repair: Repair) -> Repair:
@@ -172,7 +176,7 @@ def declare(repair: Repair) -> Repair:
     """
     if repair not in _DECLARED:
         _DECLARED.append(repair)
-        if any(strategy is None or repair.applies_to(strategy) for strategy in _ENABLED):
+        if _ENABLED_FOR_ALL[0] or any(repair.applies_to(strategy) for strategy in list(_ENABLED)):
             repair.apply()
     return repair
 
@@ -184,7 +188,10 @@ def declared() -> list[Repair]:
 
 def enable_declared(strategy: Any) -> None:
     """Applies the declared repairs `strategy` needs (None: all), now and when declared later."""
-    _ENABLED.append(strategy)
+    if strategy is None:
+        _ENABLED_FOR_ALL[0] = True
+    else:
+        _ENABLED.add(strategy)
     for repair in _DECLARED:
         if strategy is None or repair.applies_to(strategy):
             repair.apply()
@@ -192,9 +199,10 @@ def enable_declared(strategy: Any) -> None:
 
 def remove_all() -> None:
     """Removes every repair in place, in the reverse of the order they were applied."""
-    for repair in reversed(_APPLIED):
+    for repair in reversed(list(_APPLIED)):
         repair.remove()
     _ENABLED.clear()
+    _ENABLED_FOR_ALL[0] = False
 
 
 def apply_scoped(repair: Repair) -> None:

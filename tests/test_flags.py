@@ -423,6 +423,7 @@ def _worker_from_flags(hosts):
 
     from mirrorkit import flags as mk_flags
     from mirrorkit.compat.multi_worker_reduce import LOCAL_STEP_LOGS
+    from mirrorkit.patching import attached
 
     fv = absl_flags.FlagValues()
     mk_flags.define_flags(fv)
@@ -461,7 +462,7 @@ def _worker_from_flags(hosts):
         "implementation": options.implementation.name,
         "timeout": options.timeout_seconds,
         "global_batch": data.global_batch_size,
-        "local_step_logs": getattr(strategy, LOCAL_STEP_LOGS),
+        "local_step_logs": attached.attached(strategy, LOCAL_STEP_LOGS),
         "weights": [w.tolist() for w in model.get_weights()],
     }
 

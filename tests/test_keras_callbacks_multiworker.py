@@ -32,6 +32,8 @@ import json, os, sys
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import keras, numpy as np, tensorflow as tf
 import mirrorkit as mk
+from mirrorkit.compat import chief_logs
+from mirrorkit.patching import attached
 
 out, mode = sys.argv[1], sys.argv[2]
 # Plain Keras hangs in mode "upstream": a collective timeout ends it. (Not with the repairs:
@@ -80,7 +82,7 @@ model = mk.build(make_model, strategy)
 tensorboard = keras.callbacks.TensorBoard(os.path.join(out, "tb"))
 class WorkerDir(keras.callbacks.Callback):
     def on_train_begin(self, logs=None):
-        result["tensorboard_dir"] = getattr(tensorboard, "_mirrorkit_worker_dir", None)
+        result["tensorboard_dir"] = attached.attached(tensorboard, chief_logs.WORKER_DIR)
 history = model.fit(
     x, y, batch_size=16, epochs=4, verbose=1, validation_data=(x[:16], y[:16]),
     callbacks=[

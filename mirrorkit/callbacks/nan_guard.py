@@ -36,6 +36,7 @@ import tensorflow as tf
 from mirrorkit import internals
 from mirrorkit.cluster import cluster_info, workers
 from mirrorkit.compat import agreed_loss_scale
+from mirrorkit.patching import instance
 from mirrorkit.training import gradient_hooks, step_hooks
 
 _USED_FOR = "NaNGuard's per-replica gradient check"
@@ -168,7 +169,6 @@ class NaNGuard(keras.callbacks.Callback):
                 gradient_hooks.GradientHook("nan_guard.check", self._check_local),
                 gradient_hooks.GradientHook("nan_guard.verdict", self._record_verdict),
             ),
-            "had_compute_loss": "_compute_loss" in vars(model),
             "bad": bad,
             "first": first,
             "checked": False,  # set when the check is traced (or run eagerly) into the step
@@ -188,7 +188,13 @@ class NaNGuard(keras.callbacks.Callback):
                 model, "_compute_loss", name="keras Trainer._compute_loss", used_for=_USED_FOR
             )
             self._state["compute_loss"] = compute_loss
-            model._compute_loss = self._compute_loss_recorded
+            instance.set_on(
+                model,
+                "_compute_loss",
+                self._compute_loss_recorded,
+                name="nan_guard.compute_loss",
+                reason="NaNGuard records each replica's loss, to check it is finite",
+            )
         step_hooks.retrace(model)  # traced again, now with the check inside
         step_hooks.register(model, self._state["verdict"])
 
@@ -322,8 +328,8 @@ class NaNGuard(keras.callbacks.Callback):
         if "loss_scale" in state:
             agreed_loss_scale.remove_rider(state["loss_scale"], "nan_guard")
         step_hooks.remove(model, state["verdict"])
-        if "compute_loss" in state and not state["had_compute_loss"]:
-            vars(model).pop("_compute_loss", None)
+        if "compute_loss" in state:
+            instance.restore_on(model, "_compute_loss")
         model.train_function = None  # the traced step holds the check; trace again next fit
 
 

@@ -67,6 +67,7 @@ from mirrorkit.compat import (
     symbolic_build,
     validation_split,
 )
+from mirrorkit.patching import instance as _instance
 from mirrorkit.patching import repair as _repair
 from mirrorkit.patching.repair import SCOPED, Repair
 
@@ -137,17 +138,27 @@ def enable(strategy: tf.distribute.Strategy | None = None) -> list[str]:
 
 
 def disable() -> None:
-    """Restores every Keras internal that a repair replaced.
+    """Restores every Keras and TensorFlow attribute mirrorkit replaced (all `describe` lists).
 
-    Repairs that replace the same internal wrap one another in the order they
-    were applied (which `enable` for one strategy, then another, or a part of
-    mirrorkit used first, decides), so they come off in the reverse order.
+    The patches of single objects first (a model's train function under the step hooks,
+    `NaNGuard`'s loss record, ``mk.resumable``'s backup), then the scoped ones
+    (``ThroughputCallback``'s input clock), then the process-wide repairs. Repairs that
+    replace the same internal wrap one another in the order they were applied (which
+    `enable` for one strategy, then another, or a part of mirrorkit used first, decides),
+    so they come off in the reverse order. A callback still installed keeps its state but
+    no longer acts on Keras: call ``disable`` between ``fit`` calls, not inside one.
     """
+    _instance.remove_all()
+    for scoped in reversed(list(SCOPED)):
+        _repair.remove_scoped(scoped)
     _repair.remove_all()
 
 
 def active() -> list[str]:
-    """Names of the patches in place: `enable`'s in `REPAIRS`' order, the others, the scoped ones.
+    """Names of the Keras-wide patches in place: `enable`'s, then the others, the scoped ones.
+
+    The patches of single objects (a model's, an optimizer's, a callback's) are not
+    counted here: `describe` lists them too.
 
     `enable` applies the repairs a strategy needs. A part of mirrorkit applies its own
     when it is first used, and they stay (``fit_epoch`` for a shuffled `mk.distribute`
@@ -168,10 +179,12 @@ def describe() -> list[dict[str, str]]:
     """Every patch in place now, with its target, its upstream cause and when it applies.
 
     Returns:
-        One dict per patch of `active`, in the same order: ``name``, ``target``
-        (``module.Class.attribute``), ``upstream`` (the issue, or why mirrorkit
-        patches it), ``applies`` (the Keras versions: where a canary reads Keras's
-        code, only while the bug is there; a scoped repair, only for a while).
+        One dict per patch of `active`, in the same order, then one per patch of a single
+        object (a model's train function under the step hooks, a callback's method):
+        ``name``, ``target`` (``module.Class.attribute``, and which instance), ``upstream``
+        (the issue, or why mirrorkit patches it), ``applies`` (the Keras versions: where a
+        canary reads Keras's code, only while the bug is there; a scoped repair, only for a
+        while; an object's, on that object).
 
     Example:
     ```python
@@ -202,6 +215,15 @@ def describe() -> list[dict[str, str]]:
                 "target": f"{repair.module}.{repair.target}",
                 "upstream": repair.upstream,
                 "applies": applies,
+            }
+        )
+    for patch in _instance.in_place():
+        rows.append(
+            {
+                "name": patch.name,
+                "target": patch.target,
+                "upstream": patch.reason,
+                "applies": "on this one object, until the part of mirrorkit that needs it ends",
             }
         )
     return rows

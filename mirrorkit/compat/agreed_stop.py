@@ -34,9 +34,11 @@ from mirrorkit.cluster import chief, workers
 from mirrorkit.compat._multi_worker import multi_worker_repair
 from mirrorkit.compat.multi_worker_reduce import LOCAL_STEP_LOGS
 from mirrorkit.compat.multi_worker_reduce import REPAIR as STEP_LOGS_REPAIR
+from mirrorkit.patching import attached
 
 _UPSTREAM = "HybridBackend#88, estimator#49; Keras has no multi-worker stop"
-_COMPILED = "_mirrorkit_flag_table"  # strategy attribute: the compiled all-reduce
+_COMPILED = "agreed_stop.flag_table"  # kept for a strategy: the compiled all-reduce
+_BATCH_AGREEMENT = "agreed_stop.batch_agreement"  # kept for a CallbackList: agree each batch
 _BATCH_HOOKS = ("on_batch_begin", "on_batch_end", "on_train_batch_begin", "on_train_batch_end")
 _NEVER_STOP = (
     "BackupAndRestore",
@@ -102,7 +104,7 @@ def flag_table(strategy, flag: bool) -> np.ndarray:
     Returns:
         A float32 array of one entry per worker, 1.0 where that worker's flag is set.
     """
-    compiled = getattr(strategy, _COMPILED, None)
+    compiled = attached.attached(strategy, _COMPILED)
     if compiled is None:
         here = workers.position(strategy)
         first_local = here.worker_index * (strategy.num_replicas_in_sync // here.num_workers)
@@ -117,7 +119,7 @@ def flag_table(strategy, flag: bool) -> np.ndarray:
         def compiled(value):
             return strategy.experimental_local_results(strategy.run(replica_fn, args=(value,)))[0]
 
-        setattr(strategy, _COMPILED, compiled)
+        attached.attach(strategy, _COMPILED, compiled)
     return compiled(tf.constant(1.0 if flag else 0.0)).numpy()
 
 
@@ -142,12 +144,12 @@ def _on_train_begin(original):
     @functools.wraps(original)
     def on_train_begin(self, logs=None):
         original(self, logs)
-        self._mirrorkit_batch_agreement = False
+        attached.attach(self, _BATCH_AGREEMENT, False)
         strategy = multi_worker_strategy(self.model)
         if strategy is not None:
-            averaged = STEP_LOGS_REPAIR.active and not getattr(strategy, LOCAL_STEP_LOGS, False)
+            averaged = STEP_LOGS_REPAIR.active and not attached.attached(strategy, LOCAL_STEP_LOGS)
             mine = any(may_stop_mid_epoch(callback, averaged) for callback in self.callbacks)
-            self._mirrorkit_batch_agreement = bool(flag_table(strategy, mine).any())
+            attached.attach(self, _BATCH_AGREEMENT, bool(flag_table(strategy, mine).any()))
 
     return on_train_begin
 
@@ -156,7 +158,7 @@ def _on_train_batch_end(original):
     @functools.wraps(original)
     def on_train_batch_end(self, batch, logs=None):
         original(self, batch, logs)
-        if getattr(self, "_mirrorkit_batch_agreement", False):
+        if attached.attached(self, _BATCH_AGREEMENT, False):
             _agree(self, f"after batch {batch}")
 
     return on_train_batch_end

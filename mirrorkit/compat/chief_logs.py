@@ -31,9 +31,13 @@ import keras
 
 from mirrorkit.cluster import chief, workers
 from mirrorkit.compat._multi_worker import multi_worker_repair
+from mirrorkit.patching import attached
 
 _UPSTREAM = "tensorboard#1011; no chief-aware logging callbacks in Keras 3"
 _temporary_dirs: list[str] = []
+#: What `mirrorkit.patching.attached` keeps for a TensorBoard callback off the chief: the
+#: temporary directory it writes to instead.
+WORKER_DIR = "chief_logs.worker_dir"
 
 
 def multi_worker(model) -> bool:
@@ -90,12 +94,14 @@ def _tensorboard_to_temporary_dir(original):
             )
         if not off_the_chief(self):
             return original(self, model)
-        if not getattr(self, "_mirrorkit_worker_dir", None):
-            self._mirrorkit_worker_dir = tempfile.mkdtemp(prefix="mirrorkit-tensorboard-")
+        worker_dir = attached.attached(self, WORKER_DIR)
+        if not worker_dir:
+            worker_dir = tempfile.mkdtemp(prefix="mirrorkit-tensorboard-")
+            attached.attach(self, WORKER_DIR, worker_dir)
             if not _temporary_dirs:
                 atexit.register(_remove_temporary_dirs)
-            _temporary_dirs.append(self._mirrorkit_worker_dir)
-        log_dir, self.log_dir = self.log_dir, self._mirrorkit_worker_dir
+            _temporary_dirs.append(worker_dir)
+        log_dir, self.log_dir = self.log_dir, worker_dir
         try:
             return original(self, model)
         finally:
@@ -108,12 +114,12 @@ def _remove_worker_dir(original):
     @functools.wraps(original)
     def on_train_end(self, logs=None):
         result = original(self, logs)
-        directory = getattr(self, "_mirrorkit_worker_dir", None)
+        directory = attached.attached(self, WORKER_DIR)
         if directory:
             shutil.rmtree(directory, ignore_errors=True)
             if directory in _temporary_dirs:
                 _temporary_dirs.remove(directory)
-            self._mirrorkit_worker_dir = None
+            attached.detach(self, WORKER_DIR)
         return result
 
     return on_train_end

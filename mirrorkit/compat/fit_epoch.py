@@ -22,12 +22,13 @@ import functools
 from collections.abc import Callable
 from typing import Any
 
+from mirrorkit.patching import attached
 from mirrorkit.patching.repair import Repair
 
 #: Called with (the CallbackList, the epoch Keras begins, whether it is this fit's first).
 Listener = Callable[[Any, int, bool], None]
 _LISTENERS: list[Listener] = []
-_SEEN = "_mirrorkit_fit_epochs_seen"  # set on the CallbackList instance of one fit
+_SEEN = "fit_epoch.seen"  # kept for the CallbackList of one fit (mirrorkit.patching.attached)
 
 
 def listen(listener: Listener) -> None:
@@ -53,8 +54,8 @@ def listen(listener: Listener) -> None:
 def _on_epoch_begin(original):
     @functools.wraps(original)
     def on_epoch_begin(self, epoch, logs=None):
-        first = not getattr(self, _SEEN, False)
-        setattr(self, _SEEN, True)
+        first = not attached.attached(self, _SEEN, False)
+        attached.attach(self, _SEEN, True)
         for listener in list(_LISTENERS):
             listener(self, int(epoch), first)
         return original(self, epoch, logs)

@@ -24,10 +24,12 @@ import tensorflow as tf
 
 from mirrorkit import internals
 from mirrorkit.cluster import workers
+from mirrorkit.patching import attached
 from mirrorkit.patching.repair import Repair
 
-#: Strategy attribute: average per-step logs over this worker's replicas only.
-LOCAL_STEP_LOGS = "_mirrorkit_local_step_logs"
+#: What `mirrorkit.patching.attached` keeps for a strategy whose per-step logs are averaged
+#: over this worker's replicas only.
+LOCAL_STEP_LOGS = "multi_worker_reduce.local_step_logs"
 
 
 def _local_mean(value, strategy):
@@ -49,7 +51,7 @@ def _replacement(original):
 
     def reduce_per_replica(values, strategy, reduction):
         if reduction in ("auto", "mean") and multi_worker(strategy):
-            if getattr(strategy, LOCAL_STEP_LOGS, False):
+            if attached.attached(strategy, LOCAL_STEP_LOGS, False):
                 return keras.tree.map_structure(lambda v: _local_mean(v, strategy), values)
             return keras.tree.map_structure(lambda v: strategy.reduce("MEAN", v, axis=None), values)
         return original(values, strategy, reduction)

@@ -41,6 +41,7 @@ from mirrorkit import internals
 from mirrorkit.cluster import chief
 from mirrorkit.environment_variables import MIRRORKIT_PROGRESS
 from mirrorkit.faults import backup_pair, resume_point
+from mirrorkit.patching import instance
 
 
 def resumable(backup_dir: str) -> keras.callbacks.BackupAndRestore:
@@ -130,6 +131,7 @@ def _record_progress(callback: keras.callbacks.BackupAndRestore, path: str) -> N
         end_batch(batch, logs)
         state["recorder"].at(state["epoch"], batch + 1)
 
-    callback.on_train_begin = on_train_begin
-    callback.on_epoch_begin = on_epoch_begin
-    callback.on_train_batch_end = on_train_batch_end
+    reason = "mk.resumable records the chief's epoch and step for the launcher's restart line"
+    for method in (on_train_begin, on_epoch_begin, on_train_batch_end):
+        name = f"backup.progress_{method.__name__}"
+        instance.set_on(callback, method.__name__, method, name=name, reason=reason)

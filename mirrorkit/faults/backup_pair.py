@@ -29,6 +29,7 @@ import keras
 
 from mirrorkit import internals
 from mirrorkit.cluster import chief
+from mirrorkit.patching import instance
 
 DIGEST = "weights_sha256"  # the metadata's key for its weights' digest
 _INTERNALS = (
@@ -97,8 +98,11 @@ def make_atomic(callback: keras.callbacks.BackupAndRestore) -> None:
             finally:
                 callback._weights_path, callback._training_metadata_path = weights, metadata
 
-    callback._save_model = save_model
-    callback.on_train_begin = on_train_begin
+    reason = "mk.resumable's backup: weights and epoch written by the chief and verified as one"
+    instance.set_on(callback, "_save_model", save_model, name="backup_pair.save", reason=reason)
+    instance.set_on(
+        callback, "on_train_begin", on_train_begin, name="backup_pair.restore", reason=reason
+    )
 
 
 def check(weights: str, metadata: str) -> str:

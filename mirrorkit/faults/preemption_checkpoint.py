@@ -53,6 +53,7 @@ from mirrorkit import internals
 from mirrorkit.cluster import chief, workers
 from mirrorkit.exit_statuses import PREEMPTED
 from mirrorkit.faults.preemption_relay import Preempted, local_workers
+from mirrorkit.patching import instance
 from mirrorkit.pipeline import epoch_order
 from mirrorkit.training import step_hooks
 
@@ -202,7 +203,14 @@ class PreemptionCheckpoint(keras.callbacks.Callback):
             name="keras Model._initial_epoch",
             used_for="resuming fit at the checkpoint's epoch",
         )
-        model._initial_epoch = epoch
+        instance.set_on(
+            model,
+            "_initial_epoch",
+            epoch,
+            name="preemption_checkpoint.initial_epoch",
+            reason="PreemptionCheckpoint resumes fit at the checkpoint's epoch "
+            "(as keras.callbacks.BackupAndRestore does)",
+        )
         self._resume_epoch, self._skip = epoch, step
         chief.print(
             f"mirrorkit: resuming from the preemption checkpoint at epoch {epoch + 1} step {step} "

@@ -14,6 +14,7 @@ from mirrorkit.cluster import chief, cluster_info
 from mirrorkit.cluster.tf_config import tf_config
 from mirrorkit.environment_variables import TF_CONFIG
 from mirrorkit.flags.checks import cluster_conflict, combination_problem, given
+from mirrorkit.patching import instance
 
 if TYPE_CHECKING:
     import keras
@@ -150,7 +151,13 @@ def set_num_packs(strategy: tf.distribute.Strategy, all_reduce_alg: str, num_pac
         raise internals.changed(
             name, "--num_packs", f"it is {type(ops).__name__}, not the {make.__name__} expected"
         )
-    strategy.extended._cross_device_ops = make(num_packs=num_packs)
+    instance.set_on(
+        strategy.extended,
+        "_cross_device_ops",
+        make(num_packs=num_packs),
+        name="flags.num_packs",
+        reason="the --num_packs flag (the strategy was made before the flag was read)",
+    )
 
 
 def batch_size_kwargs(

@@ -4,6 +4,11 @@
   module or class, with its reason, the strategies it applies to and its canary; the
   repairs in place in the order they were applied (`applied`), and the scoped ones
   (`SCOPED`, `scoped`) a part of mirrorkit keeps in place while it runs.
+- `instance`: a patch of one object (a model's train function, an optimizer's
+  all-reduce, a callback's method), which ``compat.describe`` lists and
+  ``compat.disable`` undoes.
+- `attached`: what mirrorkit remembers about a Keras or TensorFlow object, kept weakly
+  beside it rather than as an attribute on it.
 - `fit_step`: the mark that a replica is inside ``fit``'s train or test step, which
   the one-device step replacement sets and the loss and gradient repairs read.
 

@@ -52,6 +52,10 @@ class Repair:
     owned: bool = True
     #: The replacement `apply` put in place (None while the repair is not in place).
     installed: Any = None
+    #: The module or class `apply` replaced the attribute of: `remove` restores it there,
+    #: even if the dotted path names another object by then (``tensorflow.nn`` is one module
+    #: object or another, depending on how it was imported).
+    owner: Any = None
     #: When it is put in place, where that is not `compat.enable` for a strategy it applies
     #: to (``"with the first step hook"``): what `compat.describe` says.
     applied_when: str = ""
@@ -111,6 +115,7 @@ class Repair:
         self.original = original
         self.owned = attr in vars(owner)
         self.installed = replacement
+        self.owner = owner
         setattr(owner, attr, replacement)
         _APPLIED.append(self)
         return True
@@ -118,7 +123,7 @@ class Repair:
     def remove(self) -> None:
         """Restores Keras's original (an inherited method is inherited again)."""
         if self.active:
-            owner, attr = self._owner_and_attr()
+            owner, attr = self.owner, self.target.split(".")[-1]
             if vars(owner).get(attr) is not self.installed:  # no other wrapper on top
                 above = [
                     r.name for r in _APPLIED[_APPLIED.index(self) + 1 :] if r.target == self.target
@@ -135,6 +140,7 @@ class Repair:
                 delattr(owner, attr)
             self.original = None
             self.installed = None
+            self.owner = None
             _APPLIED.remove(self)
 
 
@@ -216,6 +222,7 @@ def apply_scoped(repair: Repair) -> None:
         raise internals.changed(f"{repair.module}.{repair.target}", repair.upstream)
     original = getattr(owner, attr)
     repair.owned = attr in vars(owner)
+    repair.owner = owner
     setattr(owner, attr, repair.replacement(original))
     repair.original = original if original is not None else _NONE
     SCOPED.append(repair)
@@ -227,12 +234,13 @@ def remove_scoped(repair: Repair) -> None:
         return
     SCOPED.remove(repair)
     original = None if repair.original is _NONE else repair.original
-    owner, attr = repair._owner_and_attr()
+    owner, attr = repair.owner, repair.target.split(".")[-1]
     if repair.owned:
         setattr(owner, attr, original)
     else:
         delattr(owner, attr)
     repair.original = None
+    repair.owner = None
 
 
 @contextlib.contextmanager

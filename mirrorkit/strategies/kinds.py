@@ -16,6 +16,7 @@ import tensorflow as tf
 
 from mirrorkit import internals
 from mirrorkit.cluster import chief, cluster_info, slurm
+from mirrorkit.patching import instance
 from mirrorkit.patching.repair import Repair, scoped
 from mirrorkit.strategies import allreduce
 from mirrorkit.strategies import devices as devices_lib
@@ -49,7 +50,14 @@ def mirrored(*, devices, num_gpus, cpu_replicas, all_reduce, bucket_mb, timeout_
         )
         if not hasattr(current, "merge"):
             raise internals.changed(name, "bucket_mb and timeout_s", "it has no merge()")
-        extended._communication_options = current.merge(plan.options)
+        instance.set_on(
+            extended,
+            "_communication_options",
+            current.merge(plan.options),
+            name="strategy.communication_options",
+            reason="mk.strategy's bucket_mb and timeout_s (MirroredStrategy's constructor takes "
+            "no CommunicationOptions)",
+        )
     return made
 
 

@@ -10,6 +10,7 @@ import tensorflow as tf
 from mirrorkit import compat
 from mirrorkit.cluster import chief, workers
 from mirrorkit.compat.multi_worker_reduce import LOCAL_STEP_LOGS
+from mirrorkit.patching import attached
 from mirrorkit.scale import (
     batchnorm,
     fit_notices,  # noqa: F401 - declares its repair for compat.enable
@@ -88,7 +89,7 @@ def build(
 
 def _set_step_logs(chosen: tf.distribute.Strategy, step_logs: str) -> None:
     local = step_logs == "local" and workers.is_multi_worker(chosen)
-    setattr(chosen, LOCAL_STEP_LOGS, local)
+    attached.attach(chosen, LOCAL_STEP_LOGS, local)
     if local:
         chief.say_once(
             "step-logs-local",

@@ -33,6 +33,7 @@ from collections.abc import Callable
 from typing import Any
 
 from mirrorkit import internals
+from mirrorkit.patching import instance
 from mirrorkit.training import hook_places
 
 #: The private Keras method the chain replaces, and how errors name it.
@@ -104,9 +105,8 @@ class GradientHook(hook_places.PlacedHook):
 class _Chain:
     """What the optimizer's all-reduce method is while any hook is registered."""
 
-    def __init__(self, keras_all_reduce: Callable, saved: Any):
+    def __init__(self, keras_all_reduce: Callable):
         self.keras_all_reduce = keras_all_reduce  # the method the chain stands in for
-        self.saved = saved  # the optimizer's own attribute before (None: the class's method)
         self.hooks: dict[str, GradientHook] = {}
         self.last_run: tuple[str, ...] = ()
 
@@ -214,8 +214,16 @@ def register(optimizer: Any, hook: GradientHook, *, used_for: str) -> None:
             )
     if chain is None:
         internals.require(optimizer, ALL_REDUCE, name=NAME, used_for=used_for)
-        chain = _Chain(getattr(optimizer, ALL_REDUCE), vars(optimizer).get(ALL_REDUCE))
-        setattr(optimizer, ALL_REDUCE, chain)
+        chain = _Chain(getattr(optimizer, ALL_REDUCE))
+        instance.set_on(
+            optimizer,
+            ALL_REDUCE,
+            chain,
+            name="gradient_hooks.all_reduce",
+            reason="mirrorkit's gradient hooks (clipping after the all-reduce, sparse averaging, "
+            "NaNGuard's gradient check, compression, the replica timing) run around this "
+            "optimizer's all-reduce",
+        )
     chain.hooks[hook.name] = hook
 
 
@@ -235,10 +243,7 @@ def remove(optimizer: Any, hook: GradientHook | str) -> None:
         return
     del chain.hooks[name]
     if not chain.hooks:
-        if chain.saved is None:
-            vars(optimizer).pop(ALL_REDUCE, None)
-        else:
-            setattr(optimizer, ALL_REDUCE, chain.saved)
+        instance.restore_on(optimizer, ALL_REDUCE)
 
 
 def hooks(optimizer: Any) -> tuple[GradientHook, ...]:

@@ -36,6 +36,7 @@ import weakref
 from collections.abc import Callable
 from typing import Any
 
+from mirrorkit.patching import instance
 from mirrorkit.training import hook_places
 
 #: The stages, outermost first.
@@ -83,7 +84,6 @@ class _Chain:
 
     def __init__(self):
         self.hooks: dict[str, StepHook] = {}
-        self.saved_train_step = None  # while traced hooks are in place: None, the class's method
         self.traced_in_place = False
 
     def ordered(self, stage: str) -> list[StepHook]:
@@ -111,6 +111,17 @@ def _bind(fn: Callable, call_next: Callable) -> Callable:
 
 
 _CHAINS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+#: Why the model's train function and step are replaced (what ``compat.describe`` says).
+_REASON = (
+    "mirrorkit's step hooks (ThroughputCallback's timer and step clock, NaNGuard's verdict, "
+    "PreemptionCheckpoint's skip) run around this model's step"
+)
+
+
+def _forget(model: Any) -> None:
+    """After ``compat.disable()`` put Keras's function back: the model has no chain."""
+    _CHAINS.pop(model, None)
 
 
 def register(model: Any, hook: StepHook) -> None:
@@ -222,7 +233,14 @@ def wrap(model: Any) -> bool:
         if current.chain is chain:
             return False
         current = current.compiled
-    model.train_function = _ChainedCall(chain, current)
+    instance.set_on(
+        model,
+        "train_function",
+        _ChainedCall(chain, current),
+        name="step_hooks.train_function",
+        reason=_REASON,
+        on_removed=_forget,
+    )
     return True
 
 
@@ -254,13 +272,14 @@ def _unwrap_or_wrap(model: Any) -> None:
     chain = _CHAINS.get(model)
     current = getattr(model, "train_function", None)
     if isinstance(current, _ChainedCall) and (chain is None or not chain.ordered("call")):
-        model.train_function = current.compiled
+        instance.restore_on(model, "train_function")
+        if isinstance(getattr(model, "train_function", None), _ChainedCall):  # not the patch's
+            model.train_function = current.compiled
 
 
 def _put_traced_in_place(model: Any, chain: _Chain) -> None:
     """``model.train_step`` becomes the traced stage; the next trace takes it in."""
     if not chain.traced_in_place:
-        chain.saved_train_step = vars(model).get("train_step")
         own_step = model.train_step  # the class's method, or a wrapper set before the chain
 
         def chained_train_step(*args, **kwargs):
@@ -269,7 +288,14 @@ def _put_traced_in_place(model: Any, chain: _Chain) -> None:
                 call = _bind(hook.fn, call)
             return call(*args, **kwargs)
 
-        model.train_step = chained_train_step
+        instance.set_on(
+            model,
+            "train_step",
+            chained_train_step,
+            name="step_hooks.train_step",
+            reason=_REASON,
+            on_removed=_forget,
+        )
         chain.traced_in_place = True
     model.train_function = None  # traced again, with the traced stage, at the next fit
 
@@ -277,9 +303,6 @@ def _put_traced_in_place(model: Any, chain: _Chain) -> None:
 def _take_traced_out(model: Any, chain: _Chain) -> None:
     if not chain.traced_in_place:
         return
-    if chain.saved_train_step is None:
-        vars(model).pop("train_step", None)
-    else:
-        model.train_step = chain.saved_train_step
+    instance.restore_on(model, "train_step")
     chain.traced_in_place = False
     model.train_function = None  # the traced step holds the hooks; traced again next fit

@@ -1,0 +1,214 @@
+"""Every patch mirrorkit makes is declared: ``compat.describe()`` lists it, ``disable()`` undoes it.
+
+A fresh process (so nothing is patched yet) records every function and class attribute of the
+Keras and TensorFlow modules it has loaded, trains 2 replicas with ``ThroughputCallback``,
+``NaNGuard`` and ``mk.resumable``, and, in the last batch, finds what changed on its own: the
+process-wide attributes against the record, and the attributes of the model, the optimizer,
+the callbacks and the strategy that hold something of mirrorkit's. Every change must be a row
+of ``describe()``; after ``disable()`` nothing must be left.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+SCRIPT = r'''
+import json, os, sys, tempfile
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+import keras, numpy as np, tensorflow as tf
+
+def functions_and_classes():
+    """(module, class or None, attribute) -> value, for what Keras and TensorFlow define."""
+    found = {}
+    for name, module in list(sys.modules.items()):
+        if module is None or not name.split(".")[0] in ("keras", "tensorflow"):
+            continue
+        for attr, value in list(vars(module).items()):
+            if callable(value) and not isinstance(value, type):
+                found[(name, None, attr)] = value
+            elif isinstance(value, type) and value.__module__ == name:
+                for member, inner in list(vars(value).items()):
+                    if callable(inner) or isinstance(inner, (property, staticmethod, classmethod)):
+                        found[(name, value.__qualname__, member)] = inner
+    return found
+
+before = functions_and_classes()
+modules_before = {key[0] for key in before}
+import mirrorkit as mk
+from mirrorkit import compat
+
+def changed_process_wide():
+    now = functions_and_classes()
+    return sorted(
+        {
+            ".".join(k for k in key if k)
+            for key in set(before) | {k for k in now if k[0] in modules_before}
+            if before.get(key) is not now.get(key)
+        }
+    )
+
+def resolve(target):
+    """'a.b.Class.attr' -> 'module.Class.attr' where the class is defined."""
+    parts = target.split(".")
+    for cut in range(len(parts) - 1, 0, -1):  # the longest module already imported: no import
+        owner = sys.modules.get(".".join(parts[:cut]))
+        if owner is None:
+            continue
+        for part in parts[cut:-1]:
+            owner = getattr(owner, part)
+        if isinstance(owner, type):
+            return f"{owner.__module__}.{owner.__qualname__}.{parts[-1]}"
+        return f"{owner.__name__}.{parts[-1]}"
+    return target
+
+def mirrorkits(value):
+    value = getattr(value, "__func__", value)
+    module = getattr(value, "__module__", None) or type(value).__module__
+    return (module or "").startswith("mirrorkit")
+
+strategy = mk.strategy(cpu_replicas=2)
+def make():
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(2)])
+    model.compile(optimizer="adam", loss="mse")
+    return model
+model = mk.build(make, strategy)
+resumable = mk.resumable(tempfile.mkdtemp())
+result = {}
+
+class Look(keras.callbacks.Callback):
+    def on_train_batch_end(self, batch, logs=None):
+        if batch != 1 or result:
+            return
+        objects = {
+            "model": model, "optimizer": model.optimizer, "resumable": resumable,
+            "extended": strategy.extended,
+        }
+        def on_objects():
+            return sorted(
+                f"{label}.{attr}" for label, obj in objects.items()
+                for attr, value in vars(obj).items()
+                if mirrorkits(value) or attr.startswith("_mirrorkit")
+            )
+        rows = compat.describe()
+        result["rows"] = rows
+        result["process_wide"] = changed_process_wide()
+        result["described"] = sorted(
+            {resolve(row["target"]) for row in rows if " of the instance " not in row["target"]}
+        )
+        result["on_objects"] = on_objects()
+        compat.disable()
+        result["after_process_wide"] = changed_process_wide()
+        result["after_on_objects"] = on_objects()
+        result["after_rows"] = compat.describe()
+
+x = np.ones((64, 4), "float32")
+y = np.zeros((64, 2), "float32")
+model.fit(
+    x, y, batch_size=16, epochs=1, verbose=0,
+    callbacks=[mk.ThroughputCallback(verbose=0), mk.callbacks.NaNGuard(), resumable, Look()],
+)
+json.dump(result, open(sys.argv[1], "w"))
+'''
+
+
+@pytest.mark.slow
+def test_describe_lists_every_patch_of_a_fit_and_disable_removes_them_all(tmp_path):
+    out = tmp_path / "result.json"
+    done = subprocess.run(
+        [sys.executable, "-c", SCRIPT, str(out)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-4000:]
+    result = json.loads(out.read_text())
+    names = [row["name"] for row in result["rows"]]
+    # What changed process-wide is exactly what describe() lists as process-wide.
+    assert result["process_wide"] == result["described"], names
+    # The single objects' patches: each attribute that holds something of mirrorkit's is a row.
+    instance_rows = [row for row in result["rows"] if " of the instance " in row["target"]]
+    described_attrs = sorted(
+        {row["target"].split(" of ")[0].rsplit(".", 1)[1] for row in instance_rows}
+    )
+    found_attrs = sorted({entry.split(".", 1)[1] for entry in result["on_objects"]})
+    assert found_attrs == described_attrs, (result["on_objects"], instance_rows)
+    # The three the callbacks need: the step chain, NaNGuard's loss record, the backup's save.
+    for expected in ("step_hooks.train_function", "nan_guard.compute_loss", "backup_pair.save"):
+        assert expected in names, names
+    assert "gradient_hooks.all_reduce" in names, names
+    assert any(name.startswith("input_clock.") for name in names), names
+    # disable() leaves nothing: no attribute differs, none holds mirrorkit's, describe() is empty.
+    assert result["after_process_wide"] == [], result["after_process_wide"]
+    assert result["after_on_objects"] == [], result["after_on_objects"]
+    assert result["after_rows"] == [], result["after_rows"]
+
+
+class _Holder:
+    """Stands for a Keras object: any object with a __dict__ that can be referenced weakly."""
+
+    def method(self):
+        return "class"
+
+
+def test_a_patch_of_one_object_is_listed_and_its_original_comes_back():
+    from mirrorkit.patching import instance
+
+    holder = _Holder()
+    patch = instance.set_on(holder, "method", lambda: "patched", name="t.m", reason="a test")
+    assert holder.method() == "patched" and instance.patched(holder, "method") is patch
+    assert patch in instance.in_place()
+    instance.restore(patch)
+    assert "method" not in vars(holder) and holder.method() == "class"
+    assert patch not in instance.in_place()
+
+
+def test_what_keras_set_in_between_becomes_the_original():
+    """A re-trace replaces the patched train function: the next patch restores Keras's new one."""
+    from mirrorkit.patching import instance
+
+    holder = _Holder()
+    holder.step = "first"
+    instance.set_on(holder, "step", "chained", name="t.step", reason="a test")
+    holder.step = "traced again"  # what Keras does on a re-trace
+    assert instance.patched(holder, "step") is None  # no longer in place: not listed
+    instance.set_on(holder, "step", "chained again", name="t.step", reason="a test")
+    instance.restore_on(holder, "step")
+    assert holder.step == "traced again"
+
+
+def test_remove_all_restores_the_last_first_and_tells_the_owner():
+    from mirrorkit.patching import instance
+
+    holder, told = _Holder(), []
+    instance.set_on(holder, "a", 1, name="t.a", reason="a test", on_removed=told.append)
+    instance.set_on(holder, "a", 2, name="t.a2", reason="a test")  # keeps the first original
+    instance.set_on(holder, "b", 3, name="t.b", reason="a test")
+    assert [p.name for p in instance.in_place() if p.owner() is holder] == ["t.a2", "t.b"]
+    instance.remove_all()
+    assert vars(holder) == {} and instance.in_place() == []
+    assert told == [holder]
+
+
+def test_state_kept_beside_an_object_goes_with_it():
+    import gc
+
+    from mirrorkit.patching import attached
+
+    holder = _Holder()
+    attached.attach(holder, "t.seen", True)
+    assert attached.attached(holder, "t.seen") is True and vars(holder) == {}
+    attached.detach(holder, "t.seen")
+    assert attached.attached(holder, "t.seen", "none") == "none"
+    attached.attach(holder, "t.seen", True)
+    entries = len(attached._STATE)
+    del holder
+    gc.collect()
+    assert len(attached._STATE) == entries - 1

@@ -1,6 +1,9 @@
 """Keras repairs on one host (4 logical CPUs in the pytest process)."""
 
+import fnmatch
 import functools
+import pathlib
+import re
 import sys
 
 import keras
@@ -12,6 +15,8 @@ from _models import tiny_model
 import mirrorkit as mk
 from mirrorkit import compat
 from mirrorkit.patching.repair import declared
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
 
 
 @pytest.fixture
@@ -30,54 +35,11 @@ def test_enable_is_idempotent_and_disable_restores():
     compat.disable()
     original = trainer.reduce_per_replica
     everything = [repair.name for repair in compat.REPAIRS]
-    assert everything == [
-        "symbolic_build",
-        "multi_worker_reduce",
-        "step_function",
-        "predict_without_xla_build",
-        "predict_on_batch_split",
-        "one_device_step",
-        "one_device_loss_scale",
-        "one_device_loss_unscale",
-        "one_device_reduction",
-        "one_device_average_loss",
-        "one_device_regularization_loss",
-        "averaged_gradients",
-        "clip_after_all_reduce",
-        "optimizer_variables",
-        "gradient_accumulation",
-        "agreed_loss_scale",
-        "chief_backup_save",
-        "chief_backup_cleanup",
-        "chief_checkpoint_save",
-        "chief_tensorboard",
-        "chief_tensorboard_cleanup",
-        "chief_csv_open",
-        "chief_csv_rows",
-        "chief_csv_close",
-        "chief_progbar",
-        "agreed_stop_begin",
-        "agreed_stop_batch",
-        "agreed_stop_epoch",
-        "shared_early_stopping",
-        "shared_reduce_lr",
-        "chief_model_save",
-        "chief_model_save_weights",
-        "chief_model_export",
-        "chief_saved_model",
-        "class_weight",
-        "one_iterator",
-        "one_iterator_validation",
-        "one_iterator_evaluate",
-        "one_iterator_predict",
-        "one_iterator_lend",
-        "keras_hub_inputs",
-        "keras_tuner_ask_together",
-        "keras_tuner_same_trial",
-        "python_logs",
-        "backup_step_epoch",
-        "validation_split_message",
-    ]
+    assert len(set(everything)) == len(everything), everything
+    # compat's modules declare their repairs: every one is on the Keras repairs page's table
+    on_the_page = _repairs_at_a_glance()
+    unlisted = [name for name in everything if not _matches(name, on_the_page)]
+    assert unlisted == [], f"add a row for each to compat.md's repairs at a glance: {unlisted}"
     # A repair whose bug this Keras has fixed steps aside (python_logs on Keras 3.15), and
     # keras_hub_inputs waits for keras-hub to be imported.
     needed = [repair.name for repair in compat.REPAIRS + tuple(declared()) if repair.needed()]
@@ -89,6 +51,31 @@ def test_enable_is_idempotent_and_disable_restores():
     compat.disable()
     assert trainer.reduce_per_replica is original and compat.active() == []
     compat.enable()
+
+
+def _repairs_at_a_glance() -> list[str]:
+    """The repair names (or ``prefix*`` patterns) in compat.md's "The repairs at a glance"."""
+    page = (ROOT / "docs" / "compat.md").read_text()
+    table = page.split("## The repairs at a glance", 1)[1].split("\n## ", 1)[0]
+    names = []
+    for row in table.splitlines():
+        if row.startswith("| `"):
+            names += re.findall(r"`([a-z_*]+)`", row.split(" | ")[0])
+    return names
+
+
+def _matches(name: str, patterns: list[str]) -> bool:
+    return any(fnmatch.fnmatchcase(name, pattern) for pattern in patterns)
+
+
+def test_every_row_of_the_repairs_table_names_a_repair():
+    from mirrorkit.scale import fit_notices
+    from mirrorkit.training import step_chain
+
+    known = [r.name for r in compat.REPAIRS + compat.ON_DEMAND]
+    known += [fit_notices.REPAIR.name, step_chain.REPAIR.name]
+    stale = [p for p in _repairs_at_a_glance() if not any(fnmatch.fnmatchcase(n, p) for n in known)]
+    assert stale == [], f"compat.md's table names repairs that no module declares: {stale}"
 
 
 def _targets() -> dict[str, object]:
@@ -212,6 +199,14 @@ def test_the_docs_quote_the_repairs_two_replicas_get():
     assert {page: int(n) for page, (n, _) in quoted.items()} == dict.fromkeys(quoted, count)
 
 
+def _in_order(names) -> list[str]:
+    """`names` as `compat.active()` orders them: compat's modules' repairs, then the declared."""
+    wanted = set(names)
+    order = [r.name for r in compat.REPAIRS] + [r.name for r in declared()]
+    assert wanted <= set(order), wanted - set(order)
+    return [name for name in order if name in wanted]
+
+
 def test_strategy_applies_what_it_needs():
     compat.disable()
     mk.strategy("one_device")
@@ -230,7 +225,7 @@ def test_strategy_applies_what_it_needs():
         "keras_hub_inputs",
         "validation_split_message",
     ]
-    assert compat.active() == [name for name in expected if name not in fixed_upstream]
+    assert compat.active() == _in_order(name for name in expected if name not in fixed_upstream)
     mk.strategy(cpu_replicas=2)
     expected = [
         "symbolic_build",
@@ -260,7 +255,7 @@ def test_strategy_applies_what_it_needs():
         "validation_split_message",
         "fit_notices",  # declared by scale/ (mk.strategy imports it), applied after compat's
     ]
-    assert compat.active() == [name for name in expected if name not in fixed_upstream]
+    assert compat.active() == _in_order(name for name in expected if name not in fixed_upstream)
     compat.enable()
 
 

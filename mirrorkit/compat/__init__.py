@@ -1,41 +1,20 @@
 """Repairs for Keras 3 where it breaks under tf.distribute.
 
-Each repair lives in its own module, names its upstream issue, and is applied
-only where a strategy needs it: `mk.strategy()` calls `enable` on the strategy
-it returns, and users who build their own `tf.distribute` strategies call
-`enable()` themselves. Applying is idempotent; the chief says once per process
-how many repairs are active (`active()` names them). The Keras repairs page (docs: compat/) gives
-each failure's account: symptom, upstream report, repair, the TensorFlow/Keras
-pairs it was tested on and the test that reproduces it.
-
-| repair | upstream | what breaks without it |
-| --- | --- | --- |
-| ``symbolic_build`` | keras#20585, #19246 | multi-worker ``fit``/``evaluate``; a first batch smaller than the replica count; string inputs; a model without ``call()`` (GANs, VAEs) |
-| ``multi_worker_reduce`` | keras#20585 | multi-worker losses and metrics (``axis=0`` on scalars) |
-| ``step_function`` | keras#21366, tensorflow#56423 | ``steps_per_execution > 1`` and ``jit_compile=True`` with several replicas |
-| ``predict_without_xla_build``, ``predict_on_batch_split`` | none found (docs: compat/) | ``predict`` with ``jit_compile=True`` (XLA per replica fails); ``predict_on_batch`` returned N copies of each row |
-| ``one_device_*``, ``averaged_gradients`` | keras#19891 | a custom ``train_step`` that reduces its loss by hand trains at N times one device's gradient; Keras's losses log 1/N |
-| ``optimizer_variables`` | keras#23085 (fixed by #23087) | optimizers other than ``model.optimizer`` (``d_optimizer``, ``g_optimizer``), ``MultiOptimizer``, custom loops: "You must feed a value for placeholder tensor" |
-| ``gradient_accumulation`` | none found (docs: compat/) | optimizer ``gradient_accumulation_steps`` with several replicas |
-| ``agreed_loss_scale`` | none found (docs: compat/) | ``mixed_float16``: an overflow on a replica other than the first is applied (NaN weights); across workers, a hang |
-| ``chief_backup_*``, ``chief_checkpoint_save`` | none found (docs: compat/) | ``BackupAndRestore``/``ModelCheckpoint`` written by every worker |
-| ``chief_tensorboard*``, ``chief_csv_*``, ``chief_progbar`` | tensorboard#1011 | one TensorBoard run, CSV and progress bar per worker |
-| ``agreed_stop_*`` | HybridBackend#88 | ``model.stop_training`` set on one worker only: the others hang |
-| ``shared_early_stopping``, ``shared_reduce_lr`` | HybridBackend#88 | ``EarlyStopping``/``ReduceLROnPlateau`` deciding on per-worker values |
-| ``chief_model_save*``, ``chief_model_export``, ``chief_saved_model`` | none found (docs: compat/) | ``model.save``/``export``/SavedModels written by every worker |
-| ``class_weight`` | tensorflow#41290 | ``fit(class_weight=...)`` on an `mk.distribute` dataset |
-| ``one_iterator``, ``one_iterator_validation``, ``one_iterator_evaluate``, ``one_iterator_predict``, ``one_iterator_lend`` | Keras's epoch iterator | ``fit`` on an `mk.distribute` dataset made a new distributed iterator every epoch (half the wall time of small epochs), ``evaluate`` and ``predict`` one every call |
-| ``keras_hub_inputs`` | keras-hub 0.32 | a keras-hub task's ``fit``/``evaluate``/``predict`` on an `mk.distribute` dataset (applied once keras-hub is imported) |
-| ``keras_tuner_ask_together``, ``keras_tuner_same_trial`` | KerasTuner 1.4 | a tuner with a multi-worker ``distribution_strategy``: the job's workers handed different trials build different models (applied once keras-tuner is imported) |
-| ``python_logs`` | Keras 3.10 | ``History`` holding a custom metric's variable instead of a number |
-| ``fit_notices`` | keras.io guide, keras#20285 | (says once) a custom ``train_step`` sees one device's losses; trainable BatchNormalization trains on each replica's batch |
-| ``step_chain`` | mirrorkit's own step hooks | a train function Keras traced again (``make_train_function(force=True)``) dropped the hooks around it: ``ThroughputCallback`` before ``NaNGuard`` read every step as host work |
-| ``validation_split_message`` | Keras's own limit | ``fit(validation_split=)`` on a distributed dataset: the error says how to split |
-| ``backup_step_epoch`` | none found (docs: compat/) | ``BackupAndRestore(save_freq=N)``'s backups in a resumed epoch record epoch 0 |
-| optimizer state built by `mk.build` | keras#23085 | custom ``tf.function`` loops with Adam under a strategy |
-"""  # noqa: E501
+Each repair lives in its own module of this package, which declares it (``REPAIR``, or
+``REPAIRS`` for several) with its target, its upstream issue and the strategies it applies
+to; `REPAIRS` collects them from the modules, so a new repair is its module, its test and
+its account on the Keras repairs page (docs: compat/), which gives each failure's symptom,
+upstream report and repair. A repair is applied only where a strategy needs it:
+`mk.strategy()` calls `enable` on the strategy it returns, and users who build their own
+`tf.distribute` strategies call `enable()` themselves. Applying is idempotent; the chief
+says once per process how many repairs are active (`active()` names them, `describe()`
+says what each replaces and why).
+"""
 
 from __future__ import annotations
+
+import importlib
+import pkgutil
 
 import keras
 import tensorflow as tf
@@ -43,57 +22,31 @@ import tensorflow as tf
 from mirrorkit import versions
 from mirrorkit.cluster import chief
 from mirrorkit.cluster.workers import spans_replicas
-from mirrorkit.compat import (
-    agreed_loss_scale,
-    agreed_stop,
-    backup_epoch,
-    chief_files,
-    chief_logs,
-    chief_saves,
-    class_weight,
-    fit_epoch,
-    gradient_accumulation,
-    keras_hub_inputs,
-    keras_tuner_trials,
-    multi_worker_reduce,
-    one_device_gradient,
-    one_device_loss,
-    one_iterator,
-    optimizer_variables,
-    predict_step,
-    python_logs,
-    shared_monitor,
-    step_function,
-    symbolic_build,
-    validation_split,
-)
+from mirrorkit.compat import fit_epoch
 from mirrorkit.patching import instance as _instance
 from mirrorkit.patching import repair as _repair
 from mirrorkit.patching.repair import SCOPED, Repair
 
-REPAIRS: tuple[Repair, ...] = (
-    symbolic_build.REPAIR,
-    multi_worker_reduce.REPAIR,
-    step_function.REPAIR,
-    *predict_step.REPAIRS,
-    *one_device_loss.REPAIRS,
-    *one_device_gradient.REPAIRS,
-    optimizer_variables.REPAIR,
-    gradient_accumulation.REPAIR,
-    agreed_loss_scale.REPAIR,
-    *chief_files.REPAIRS,
-    *chief_logs.REPAIRS,
-    *agreed_stop.REPAIRS,
-    *shared_monitor.REPAIRS,
-    *chief_saves.REPAIRS,
-    class_weight.REPAIR,
-    *one_iterator.REPAIRS,
-    keras_hub_inputs.REPAIR,
-    *keras_tuner_trials.REPAIRS,
-    python_logs.REPAIR,
-    backup_epoch.REPAIR,
-    validation_split.REPAIR,
-)
+
+def _declared_in_modules() -> tuple[Repair, ...]:
+    """The repairs this package's modules declare, ordered by name (as `active` lists them).
+
+    `enable` applies them in this order. Two repairs of one internal wrap each other in
+    that order (``one_device_step`` inside ``step_function``, both of
+    ``TensorFlowTrainer._make_function``); each passes its arguments on to the one it wraps,
+    so the order does not change what they do.
+    """
+    found: list[Repair] = []
+    for module_info in sorted(pkgutil.iter_modules(__path__), key=lambda info: info.name):
+        if module_info.name.startswith("_"):
+            continue
+        module = importlib.import_module(f"{__name__}.{module_info.name}")
+        declared = vars(module).get("REPAIRS") or (
+            (vars(module)["REPAIR"],) if isinstance(vars(module).get("REPAIR"), Repair) else ()
+        )
+        found.extend(repair for repair in declared if repair not in ON_DEMAND)
+    return tuple(sorted(found, key=lambda repair: repair.name))
+
 
 #: Repairs a part of mirrorkit applies when it is first used, and keeps for the process:
 #: ``fit_epoch`` (the epoch each ``fit`` begins, for `mk.distribute`'s shuffled order), put in
@@ -101,6 +54,9 @@ REPAIRS: tuple[Repair, ...] = (
 #: (``step_chain``, `mirrorkit.training.step_chain`) when the first hook is registered.
 #: `active` lists every one in place, `disable` removes them.
 ON_DEMAND: tuple[Repair, ...] = (fit_epoch.REPAIR,)
+
+#: Every repair `enable` applies where a strategy needs it, from the modules that declare them.
+REPAIRS: tuple[Repair, ...] = _declared_in_modules()
 
 
 def enable(strategy: tf.distribute.Strategy | None = None) -> list[str]:

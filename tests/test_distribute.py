@@ -6,7 +6,7 @@ import pytest
 import tensorflow as tf
 
 import mirrorkit as mk
-from mirrorkit import notices
+from mirrorkit import distributed_data, notices
 
 NUM_EXAMPLES = 1000
 GLOBAL_BATCH = 64
@@ -79,10 +79,14 @@ def test_shuffled_order_is_one_of_seed_and_epoch_not_of_the_iterators_made():
     assert first != second and unread
     with strategy.scope():  # the epoch is a host variable even in a scope, not a mirrored one
         again = mk.distribute(_tagged(), strategy, global_batch_size=GLOBAL_BATCH, seed=5)
-    assert not isinstance(again.epoch_order.epoch, tf.distribute.DistributedValues)
-    again.epoch_order.begin(1)  # a resumed run: mk.resumable sets the epoch Keras begins
+    assert not isinstance(
+        distributed_data.record(again).epoch_order.epoch, tf.distribute.DistributedValues
+    )
+    distributed_data.record(again).epoch_order.begin(
+        1
+    )  # a resumed run: mk.resumable sets the epoch Keras begins
     assert _ids_by_replica(strategy, again) == second
-    again.epoch_order.begin(0)
+    distributed_data.record(again).epoch_order.begin(0)
     assert _ids_by_replica(strategy, again) == first
     assert _ids_by_replica(strategy, again) == second  # and counts on by itself
 

@@ -99,7 +99,12 @@ def _evaluate_and_predict(strategy=None):
     again = [model.evaluate(kept, verbose=0, return_dict=True) for _ in range(2)]
     again += [model.predict(inputs, verbose=0) for _ in range(2)]
     twins = (distributed_data.twin(kept), distributed_data.twin(inputs))
-    return evaluated, predicted, again, [twin.kept_iterator is not None for twin in twins]
+    return (
+        evaluated,
+        predicted,
+        again,
+        [distributed_data.kept_iterator(twin) is not None for twin in twins],
+    )
 
 
 def test_evaluate_and_predict_match_one_process(one_process, healthy_job):

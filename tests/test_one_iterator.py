@@ -143,9 +143,9 @@ def test_the_twin_gives_each_epoch_the_order_of_that_epoch():
     assert distributed_data.epoch_length(twin) is None  # a twin has no twin
     epochs = []
     for epoch in range(3):  # an iterator per epoch, as Keras makes them
-        data.epoch_order.begin(epoch)
+        distributed_data.record(data).epoch_order.begin(epoch)
         epochs.append([int(v) for batch in data for v in tf.reshape(batch, [-1]).numpy()])
-    twin.epoch_order.begin(0)
+    distributed_data.record(twin).epoch_order.begin(0)
     stream = iter(twin)
     continuous = [[int(v) for _ in range(5) for v in tf.reshape(next(stream), [-1]).numpy()]]
     continuous += [[int(v) for _ in range(5) for v in tf.reshape(next(stream), [-1]).numpy()]]
@@ -199,10 +199,10 @@ def test_an_iterator_left_reading_does_not_move_the_next_fits_orders():
     def epoch_of(stream):
         return [int(v) for _ in range(5) for v in tf.reshape(next(stream), [-1]).numpy()]
 
-    twin.epoch_order.begin(0)
+    distributed_data.record(twin).epoch_order.begin(0)
     old = iter(twin)
     first, second = epoch_of(old), epoch_of(old)
-    twin.epoch_order.begin(1)  # the resumed fit begins epoch 1
+    distributed_data.record(twin).epoch_order.begin(1)  # the resumed fit begins epoch 1
     new = iter(twin)
     epoch_of(old)  # the old iterator reads on (prefetching, or never freed)
     assert epoch_of(new) == second and epoch_of(new) != first
@@ -339,7 +339,7 @@ def test_a_kept_iterator_goes_with_its_dataset_without_a_garbage_collection():
     gc.collect()
     gc.disable()
     try:
-        kept = weakref.ref(distributed_data.twin(data).kept_iterator)
+        kept = weakref.ref(distributed_data.kept_iterator(distributed_data.twin(data)))
         del data  # the twin is in no reference cycle: its iterator is freed here, not later
         assert kept() is None
     finally:

@@ -20,6 +20,7 @@ import numpy as np
 import pytest
 
 import mirrorkit as mk
+from mirrorkit import distributed_data
 from mirrorkit.exit_statuses import PREEMPTED
 from tests._training import GLOBAL_BATCH, make_data, make_model
 
@@ -102,7 +103,7 @@ def test_shuffled_run_preempted_on_4_replicas_resumes_on_2_in_its_orders(
             seen=seen,
         )
     assert stopped.value.code == PREEMPTED
-    seed = int(seen[0].epoch_order.seed.numpy())
+    seed = int(distributed_data.record(seen[0]).epoch_order.seed.numpy())
     capsys.readouterr()
     resumed = _train(2, [lambda d: mk.PreemptionCheckpoint(ckpt, d)], shuffle=True, seed=seed + 1)
     said = capsys.readouterr()
@@ -159,7 +160,10 @@ def test_a_shuffled_stream_says_on_resume_that_its_orders_are_not_replayed(monke
     arrays = mk.distribute(make_data(), strategy, global_batch_size=GLOBAL_BATCH, seed=1)
     stream = tf.data.Dataset.from_tensor_slices(make_data())
     stream = mk.distribute(stream, strategy, global_batch_size=GLOBAL_BATCH, seed=1)
-    assert arrays.epoch_order is not None and stream.epoch_order is None
+    assert (
+        distributed_data.record(arrays).epoch_order is not None
+        and distributed_data.record(stream).epoch_order is None
+    )
     capfd.readouterr()
     epoch_order.say_if_not_replayed(arrays)
     assert "resuming a shuffled streamed input" not in capfd.readouterr().err
@@ -195,7 +199,7 @@ class _OrdersRead(keras.callbacks.Callback):
         self.data, self.read = data, read
 
     def on_epoch_begin(self, epoch, logs=None):
-        self.read.append((epoch, int(self.data.epoch_order.epoch.numpy())))
+        self.read.append((epoch, int(distributed_data.record(self.data).epoch_order.epoch.numpy())))
 
 
 @pytest.mark.slow

@@ -14,6 +14,7 @@ from collections.abc import Callable
 
 import tensorflow as tf
 
+from mirrorkit import distributed_data
 from mirrorkit.cluster import chief
 from mirrorkit.pipeline import (
     batch_sizes,
@@ -106,10 +107,9 @@ def global_pipeline(
         say_uneven_last_batch(count - (steps - 1) * size, sizes.num_replicas)
     if steps is None and not _repeats_forever(dataset):
         say_unknown_length()
-    distributed.epoch_order = order
-    if options.shuffle and order is None:
-        epoch_order.mark_stream(distributed)
-    return describe(distributed, sizes, count, _steps_on_a_worker(steps, options, workers), dropped)
+    stream = options.shuffle and order is None
+    steps = _steps_on_a_worker(steps, options, workers)
+    return describe(distributed, sizes, count, steps, dropped, order=order, stream=stream)
 
 
 def kept_batches(
@@ -156,7 +156,6 @@ def kept_batches(
     if steps is None and not _repeats_forever(dataset):
         say_unknown_length()
     distributed = _distribute_global_batches(dataset, strategy, options, workers)
-    distributed.epoch_order = None
     return describe(distributed, sizes, count, _steps_on_a_worker(steps, options, workers), dropped)
 
 
@@ -267,10 +266,7 @@ def per_worker_tfds(
         return dataset.prefetch(tf.data.AUTOTUNE) if options.prefetch else dataset
 
     distributed = strategy.distribute_datasets_from_function(worker_pipeline)
-    distributed.epoch_order = None
-    if options.shuffle:
-        epoch_order.mark_stream(distributed)
-    return describe(distributed, sizes, split.num_examples, steps, dropped)
+    return describe(distributed, sizes, split.num_examples, steps, dropped, stream=options.shuffle)
 
 
 def from_function(
@@ -367,14 +363,15 @@ def describe(
     count: int | None,
     steps: int | None,
     dropped: int,
+    order: epoch_order.EpochOrder | None = None,
+    stream: bool = False,
 ) -> tf.distribute.DistributedDataset:
-    """Sets the batch sizes and epoch length on TensorFlow's distributed dataset; returns it."""
-    distributed.global_batch_size = sizes.global_batch_size
-    distributed.per_replica_batch_size = sizes.per_replica_batch_size
-    distributed.num_examples = count
-    distributed.steps_per_epoch = steps
-    distributed.dropped_per_epoch = dropped
-    return distributed
+    """Gives TensorFlow's distributed dataset its record (`distributed_data`); returns it."""
+    mark = epoch_order.new_stream() if stream else None
+    made = distributed_data.DistributedRecord(  # its fields in order
+        sizes.global_batch_size, sizes.per_replica_batch_size, count, steps, dropped, order, mark
+    )
+    return distributed_data.set_record(distributed, made)
 
 
 def say_uneven_last_batch(last: int, num_replicas: int) -> None:

@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
+from mirrorkit import distributed_data
 from mirrorkit.cluster import chief
 from mirrorkit.cluster import workers as workers_lib
 from mirrorkit.compat import keras_hub_inputs
@@ -155,7 +156,7 @@ def distribute(
     def with_class_weight(weights: dict[int, float]) -> tf.distribute.DistributedDataset:
         return distribute(**{**arguments, "seed": seed, "class_weight": weights})
 
-    order = getattr(made, "epoch_order", None)  # not `made`: no reference cycle via the twin
+    order = distributed_data.record(made).epoch_order  # not `made`: no cycle via the twin
 
     def twin(class_weight: dict[int, float] | None) -> tf.distribute.DistributedDataset:
         again = {**arguments, "seed": seed}
@@ -164,7 +165,7 @@ def distribute(
         # The same epoch order (seed and epoch): what restores or sets one sets the other.
         return _distribute(**again, repeat=True, order=order)[0]
 
-    made.with_class_weight = with_class_weight
+    distributed_data.update(made, with_class_weight=with_class_weight)
     repeating.attach(made, twin, data)
     return made
 
@@ -267,8 +268,9 @@ def _distribute(
             "split=. (A keras.utils.PyDataset goes to fit() directly.)" + _hint(data)
         )
     made = assemble.global_pipeline(source, strategy, sizes, options, seed, workers)
-    if made.epoch_order is not None and order is None:  # a twin's order is its dataset's
-        made.epoch_order.seed_drawn = announce
+    made_order = distributed_data.record(made).epoch_order
+    if made_order is not None and order is None:  # a twin's order is its dataset's
+        made_order.seed_drawn = announce
     return _say_seed(made, seed, announce), seed
 
 

@@ -37,6 +37,7 @@ from typing import Any
 import keras
 import tensorflow as tf
 
+from mirrorkit import distributed_data
 from mirrorkit.cluster import chief
 from mirrorkit.compat import fit_epoch
 
@@ -141,19 +142,19 @@ class Stream:
     """Marks a shuffled streamed dataset (its orders are not replayed on resume)."""
 
 
-def mark_stream(distributed: Any) -> None:
-    """Records that `distributed` is a shuffled stream (`say_if_not_replayed`)."""
+def new_stream() -> Stream:
+    """The mark of a new shuffled stream, for its dataset's record (`say_if_not_replayed`)."""
     marker = Stream()
-    distributed.shuffle_stream = marker
     _STREAMS.add(marker)
     fit_epoch.listen(_fit_begins_epoch)
+    return marker
 
 
 def orders(data: Any = None) -> list[EpochOrder]:
     """`data`'s epoch order (a list of one, or none), or every live one when `data` is None."""
     if data is not None:
-        order = getattr(data, "epoch_order", None)
-        return [order] if order is not None else []
+        found = distributed_data.record(data)
+        return [found.epoch_order] if found is not None and found.epoch_order is not None else []
     return list(_ORDERS)
 
 
@@ -162,7 +163,8 @@ def say_if_not_replayed(data: Any = None) -> None:
     if data is None:
         streamed = bool(list(_STREAMS))
     else:
-        streamed = getattr(data, "shuffle_stream", None) is not None
+        found = distributed_data.record(data)
+        streamed = found is not None and found.shuffle_stream is not None
     if streamed:
         chief.say_once(
             "resume-shuffled-stream",

@@ -30,6 +30,7 @@ from typing import Any
 
 import tensorflow as tf
 
+from mirrorkit import distributed_data
 from mirrorkit.pipeline import batched
 
 #: Builds the repeating twin: ``make(class_weight)`` (None: the dataset's own weights).
@@ -48,11 +49,11 @@ def attach(made: tf.distribute.DistributedDataset, make: Maker, data: Any) -> No
         make: builds the twin; called with ``class_weight`` (or None).
         data: what the caller gave `mk.distribute`.
     """
-    streamed = getattr(made, "shuffle_stream", None) is not None  # epoch_order.mark_stream
+    streamed = distributed_data.record(made).shuffle_stream is not None
     if streamed or (isinstance(data, tf.data.Dataset) and batched.reshuffles(data)):
-        made.repeating_twin = None
+        distributed_data.update(made, repeating_twin=None)
         return
-    made.repeating_twin = _Twin(make)
+    distributed_data.update(made, repeating_twin=_Twin(make))
 
 
 class _Twin:
@@ -73,8 +74,9 @@ def _build(make: Maker, class_weight: Any) -> tf.distribute.DistributedDataset:
     # fit(class_weight=) on the twin: class weights in its pipeline, repeating too. The maker,
     # not the _Twin that holds this twin: no reference cycle, so the twin (and the iterator
     # evaluate and predict keep on it) goes as soon as its dataset does.
-    made.with_class_weight = functools.partial(_build, make)
-    made.repeating_twin = None  # a twin has no twin
-    made.is_repeating_twin = True
-    made.kept_iterator = None  # evaluate/predict's iterator at an epoch boundary (one_iterator)
+    # A twin has no twin; evaluate/predict keep their iterator at an epoch boundary for it
+    # (distributed_data.keep_iterator).
+    distributed_data.update(
+        made, with_class_weight=functools.partial(_build, make), repeating_twin=None, is_twin=True
+    )
     return made

@@ -98,3 +98,83 @@ def on_page_content(html: str, page, config, files) -> str:
         return f'docs: <a href="{href}">{path}{section}</a>'
 
     return SITE_REFERENCE.sub(link, html)
+
+
+#: The line of docs/development.md the table of Keras repairs and their tests replaces.
+REPAIRS_TABLE = (
+    "<!-- repairs-and-tests table: generated from each Repair's account and tests "
+    "(docs/hooks.py) -->"
+)
+
+
+def compat_sections() -> dict[str, str]:
+    """The ``###`` sections of the Keras repairs page (docs/compat.md): anchor -> title.
+
+    The anchors are the ones mkdocs gives the headings (its ``toc`` extension's slugify).
+    """
+    from markdown.extensions.toc import slugify
+
+    sections = {}
+    in_code = False
+    for line in (ROOT / "docs" / "compat.md").read_text().splitlines():
+        if line.startswith("```"):
+            in_code = not in_code
+        elif not in_code and line.startswith("### "):
+            title = line[4:].strip()
+            sections[slugify(title, "-")] = title
+    return sections
+
+
+def documented_repairs() -> list:
+    """Every repair with an account on the Keras repairs page, in the order the table has them.
+
+    `mirrorkit.compat.REPAIRS` first, in its order, then the ones a part of mirrorkit applies
+    when it is first used (``compat.ON_DEMAND``, ``step_chain``) and the ones it declares
+    (``fit_notices``). Raises ImportError where mirrorkit (or TensorFlow) is not installed.
+    """
+    from mirrorkit import compat
+    from mirrorkit.patching import repair
+    from mirrorkit.scale import fit_notices
+    from mirrorkit.training import step_chain
+
+    found = []
+    for each in (
+        *compat.REPAIRS,
+        *compat.ON_DEMAND,
+        step_chain.REPAIR,
+        fit_notices.REPAIR,
+        *repair.declared(),
+    ):
+        if each not in found:
+            found.append(each)
+    return found
+
+
+def repairs_table() -> str:
+    """The Markdown table of each repair, its account on compat.md and its tests."""
+    sections = compat_sections()
+    rows = [
+        "| repair (as `mk.compat.active()` names it) | account on compat.md | tests |",
+        "| --- | --- | --- |",
+    ]
+    for each in documented_repairs():
+        title = sections.get(each.account, each.account or "(none)")
+        account = f"[{title}](compat.md#{each.account})" if each.account else title
+        tests = ", ".join(f"`{test}`" for test in each.tests) or "(none)"
+        rows.append(f"| `{each.name}` | {account} | {tests} |")
+    return "\n".join(rows)
+
+
+def on_page_markdown(markdown: str, page, config, files) -> str:
+    """On docs/development.md, put the table of Keras repairs and their tests in its place."""
+    if page.file.src_uri != "development.md" or REPAIRS_TABLE not in markdown:
+        return markdown
+    try:
+        table = repairs_table()
+    except ImportError as missing:  # the docs-only install: no mirrorkit, no TensorFlow
+        table = (
+            f"(The table is made from mirrorkit's repairs, which this build could not import: "
+            f'{missing.name or missing}. Build the site with `pip install -e ".[docs]"` to '
+            "see it.)"
+        )
+    return markdown.replace(REPAIRS_TABLE, table)

@@ -15,8 +15,14 @@ def multi_worker_repair(
     target: str,
     replacement: Callable[[Any], Any],
     module: str = "keras.callbacks",
+    account: str = "",
+    tests: tuple[str, ...] = (),
 ) -> Repair:
-    """A `Repair` that only a multi-worker strategy needs (chief-only files, agreed decisions)."""
+    """A `Repair` that only a multi-worker strategy needs (chief-only files, agreed decisions).
+
+    `account` and `tests` are the repair's (`Repair`): its section on the Keras repairs page,
+    and the tests that reproduce the failure and check the repair.
+    """
     return Repair(
         name=name,
         upstream=upstream,
@@ -24,4 +30,6 @@ def multi_worker_repair(
         target=target,
         replacement=replacement,
         applies_to=workers.is_multi_worker,
+        account=account,
+        tests=tests,
     )

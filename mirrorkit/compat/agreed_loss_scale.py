@@ -148,4 +148,10 @@ REPAIR = Repair(
     target="LossScaleOptimizer._tf_apply",
     replacement=_replacement,
     applies_to=spans_replicas,
+    account="mixed-precision-across-replicas",
+    tests=(
+        "tests/test_mixed_precision.py::test_keras_alone_applies_replica_ones_overflow",
+        "tests/test_mixed_precision.py::test_an_overflow_on_replica_one_is_skipped_on_every_replica_as_on_one_device",
+        "tests/test_mixed_precision.py::test_without_an_overflow_two_replicas_equal_one_device_at_every_step",
+    ),
 )

@@ -173,12 +173,38 @@ def _on_epoch_end(original):
     return on_epoch_end
 
 
+#: The failure's account on the Keras repairs page (docs: compat/), and the tests of
+#: this module's repairs (docs: development/#repairs-and-tests is made from them).
+_ACCOUNT = "stopping-on-one-worker-only"
+_TESTS = (
+    "tests/test_keras_callbacks_multiworker.py::test_plain_keras_callbacks_write_twice_and_hang_on_two_workers",
+    "tests/test_keras_callbacks_multiworker.py::test_keras_callbacks_act_once_and_stop_together_on_two_workers",
+    "tests/test_keras_callbacks_multiworker.py::test_only_callbacks_that_may_stop_in_a_batch_hook_cost_a_collective_per_batch",
+)
+
 REPAIRS = (
     multi_worker_repair(
-        "agreed_stop_begin", _UPSTREAM, "CallbackList.on_train_begin", _on_train_begin
+        "agreed_stop_begin",
+        _UPSTREAM,
+        "CallbackList.on_train_begin",
+        _on_train_begin,
+        account=_ACCOUNT,
+        tests=_TESTS,
     ),
     multi_worker_repair(
-        "agreed_stop_batch", _UPSTREAM, "CallbackList.on_train_batch_end", _on_train_batch_end
+        "agreed_stop_batch",
+        _UPSTREAM,
+        "CallbackList.on_train_batch_end",
+        _on_train_batch_end,
+        account=_ACCOUNT,
+        tests=_TESTS,
     ),
-    multi_worker_repair("agreed_stop_epoch", _UPSTREAM, "CallbackList.on_epoch_end", _on_epoch_end),
+    multi_worker_repair(
+        "agreed_stop_epoch",
+        _UPSTREAM,
+        "CallbackList.on_epoch_end",
+        _on_epoch_end,
+        account=_ACCOUNT,
+        tests=_TESTS,
+    ),
 )

@@ -48,4 +48,10 @@ REPAIR = Repair(
     target="BackupAndRestore.on_epoch_begin",
     replacement=_on_epoch_begin,
     applies_to=spans_replicas,
+    account="the-epoch-a-resumed-fit-is-in",
+    tests=(
+        "tests/test_restart.py::test_the_tutorials_keras_backup_resumes_a_shuffled_input_in_its_uninterrupted_orders",
+        "tests/test_rescale.py::test_keras_own_backup_and_initial_epoch_resume_a_shuffled_input_in_its_orders",
+        "tests/test_rescale.py::test_keras_step_backups_in_a_resumed_epoch_record_that_epoch",
+    ),
 )

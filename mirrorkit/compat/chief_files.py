@@ -41,6 +41,14 @@ def _on_chief_only(original):
 
 
 _UPSTREAM = "no chief-aware callbacks in Keras 3"
+#: The failure's account on the Keras repairs page (docs: compat/), and the tests of
+#: this module's repairs (docs: development/#repairs-and-tests is made from them).
+_ACCOUNT = "callbacks-that-write-from-every-worker"
+_TESTS = (
+    "tests/test_multiworker.py::test_backup_and_checkpoint_fail_upstream",
+    "tests/test_multiworker.py::test_chief_writes_backups_and_checkpoints_and_every_worker_resumes",
+)
+
 REPAIRS = (
     multi_worker_repair(
         "chief_backup_save",
@@ -48,6 +56,8 @@ REPAIRS = (
         "BackupAndRestore._save_model",
         _on_chief_only,
         module=_MODULE_BACKUP,
+        account=_ACCOUNT,
+        tests=_TESTS,
     ),
     multi_worker_repair(
         "chief_backup_cleanup",
@@ -55,6 +65,8 @@ REPAIRS = (
         "BackupAndRestore.on_train_end",
         _on_chief_only,
         module=_MODULE_BACKUP,
+        account=_ACCOUNT,
+        tests=_TESTS,
     ),
     multi_worker_repair(
         "chief_checkpoint_save",
@@ -62,5 +74,7 @@ REPAIRS = (
         "ModelCheckpoint._save_model",
         _on_chief_only,
         module=_MODULE_CHECKPOINT,
+        account=_ACCOUNT,
+        tests=_TESTS,
     ),
 )

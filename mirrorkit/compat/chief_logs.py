@@ -125,16 +125,62 @@ def _remove_worker_dir(original):
     return on_train_end
 
 
+#: The failure's account on the Keras repairs page (docs: compat/), and the tests of
+#: this module's repairs (docs: development/#repairs-and-tests is made from them).
+_ACCOUNT = "logs-written-by-every-worker"
+_TESTS = (
+    "tests/test_keras_callbacks_multiworker.py::test_plain_keras_callbacks_write_twice_and_hang_on_two_workers",
+    "tests/test_keras_callbacks_multiworker.py::test_keras_callbacks_act_once_and_stop_together_on_two_workers",
+)
+
 REPAIRS = (
     multi_worker_repair(
-        "chief_tensorboard", _UPSTREAM, "TensorBoard.set_model", _tensorboard_to_temporary_dir
+        "chief_tensorboard",
+        _UPSTREAM,
+        "TensorBoard.set_model",
+        _tensorboard_to_temporary_dir,
+        account=_ACCOUNT,
+        tests=_TESTS,
     ),
     multi_worker_repair(
-        "chief_tensorboard_cleanup", _UPSTREAM, "TensorBoard.on_train_end", _remove_worker_dir
+        "chief_tensorboard_cleanup",
+        _UPSTREAM,
+        "TensorBoard.on_train_end",
+        _remove_worker_dir,
+        account=_ACCOUNT,
+        tests=_TESTS,
     ),
-    multi_worker_repair("chief_csv_open", _UPSTREAM, "CSVLogger.on_train_begin", _chief_only),
-    multi_worker_repair("chief_csv_rows", _UPSTREAM, "CSVLogger.on_epoch_end", _chief_only),
+    multi_worker_repair(
+        "chief_csv_open",
+        _UPSTREAM,
+        "CSVLogger.on_train_begin",
+        _chief_only,
+        account=_ACCOUNT,
+        tests=_TESTS,
+    ),
+    multi_worker_repair(
+        "chief_csv_rows",
+        _UPSTREAM,
+        "CSVLogger.on_epoch_end",
+        _chief_only,
+        account=_ACCOUNT,
+        tests=_TESTS,
+    ),
     # Keras 3.10's on_train_end closes a file on_train_begin never opened here.
-    multi_worker_repair("chief_csv_close", _UPSTREAM, "CSVLogger.on_train_end", _chief_only),
-    multi_worker_repair("chief_progbar", _UPSTREAM, "ProgbarLogger.set_params", _quiet_progbar),
+    multi_worker_repair(
+        "chief_csv_close",
+        _UPSTREAM,
+        "CSVLogger.on_train_end",
+        _chief_only,
+        account=_ACCOUNT,
+        tests=_TESTS,
+    ),
+    multi_worker_repair(
+        "chief_progbar",
+        _UPSTREAM,
+        "ProgbarLogger.set_params",
+        _quiet_progbar,
+        account=_ACCOUNT,
+        tests=_TESTS,
+    ),
 )

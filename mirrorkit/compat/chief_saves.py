@@ -78,9 +78,23 @@ def _saved_model_to_temporary_path(original):
     return save
 
 
+#: The failure's account on the Keras repairs page (docs: compat/), and the tests of
+#: this module's repairs (docs: development/#repairs-and-tests is made from them).
+_ACCOUNT = "saving-from-every-worker"
+_TESTS = (
+    "tests/test_keras_callbacks_multiworker.py::test_plain_keras_callbacks_write_twice_and_hang_on_two_workers",
+    "tests/test_keras_callbacks_multiworker.py::test_keras_callbacks_act_once_and_stop_together_on_two_workers",
+)
+
 REPAIRS = (
     multi_worker_repair(
-        "chief_model_save", _UPSTREAM, "Model.save", _to_temporary_path, module="keras"
+        "chief_model_save",
+        _UPSTREAM,
+        "Model.save",
+        _to_temporary_path,
+        module="keras",
+        account=_ACCOUNT,
+        tests=_TESTS,
     ),
     multi_worker_repair(
         "chief_model_save_weights",
@@ -88,9 +102,17 @@ REPAIRS = (
         "Model.save_weights",
         _to_temporary_path,
         module="keras",
+        account=_ACCOUNT,
+        tests=_TESTS,
     ),
     multi_worker_repair(
-        "chief_model_export", _UPSTREAM, "Model.export", _to_temporary_path, module="keras"
+        "chief_model_export",
+        _UPSTREAM,
+        "Model.export",
+        _to_temporary_path,
+        module="keras",
+        account=_ACCOUNT,
+        tests=_TESTS,
     ),
     # Importing tensorflow.saved_model rebinds `tf.saved_model` to this module, the one
     # Keras's export code and user scripts then reach as tf.saved_model.save.
@@ -100,5 +122,7 @@ REPAIRS = (
         "save",
         _saved_model_to_temporary_path,
         module="tensorflow.saved_model",
+        account=_ACCOUNT,
+        tests=_TESTS,
     ),
 )

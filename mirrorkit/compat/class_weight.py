@@ -43,4 +43,10 @@ REPAIR = Repair(
     target="get_data_adapter",
     replacement=_replacement,
     applies_to=lambda strategy: True,
+    account="class-weights-on-a-distributed-dataset",
+    tests=(
+        "tests/test_distribute.py::test_class_weight_without_the_repair_is_keras_attribute_error",
+        "tests/test_conformance.py::test_two_replicas[class_weight_fit-weights]",
+        "tests/test_conformance.py::test_two_workers[class_weight_fit-weights]",
+    ),
 )

@@ -72,4 +72,11 @@ REPAIR = Repair(
     replacement=_on_epoch_begin,
     applies_to=lambda strategy: True,
     applied_when="with the first shuffled mk.distribute input",
+    account="the-epoch-a-resumed-fit-is-in",
+    tests=(
+        "tests/test_restart.py::test_the_tutorials_keras_backup_resumes_a_shuffled_input_in_its_uninterrupted_orders",
+        "tests/test_rescale.py::test_keras_own_backup_and_initial_epoch_resume_a_shuffled_input_in_its_orders",
+        "tests/test_rescale.py::test_keras_step_backups_in_a_resumed_epoch_record_that_epoch",
+        "tests/test_compat.py::test_the_epoch_hook_a_shuffled_input_puts_in_place_is_listed_and_removed",
+    ),
 )

@@ -110,9 +110,7 @@ def _replacement(original):
                 )
                 if clips(self):
                     # As one device clips: the K-step average of the global batch.
-                    reduced = clip_summed(
-                        self, [tf.convert_to_tensor(g) for g in reduced]
-                    )
+                    reduced = clip_summed(self, [tf.convert_to_tensor(g) for g in reduced])
                 _cross_replica_weight_decay(self, distribution, variables)
                 self._distributed_tf_update_step(
                     distribution, list(zip(reduced, variables, strict=True)), self.learning_rate
@@ -159,4 +157,9 @@ REPAIR = Repair(
     target="TFOptimizer._backend_apply_gradients",
     replacement=_replacement,
     applies_to=spans_replicas,
+    account="gradient_accumulation_steps",
+    tests=(
+        "tests/test_accumulation.py::test_keras_alone_fails_under_two_replicas",
+        "tests/test_accumulation.py::test_accumulating_on_two_replicas_equals_one_big_step_on_one_device",
+    ),
 )

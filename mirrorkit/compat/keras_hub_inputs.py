@@ -75,6 +75,12 @@ REPAIR = Repair(
     replacement=_replacement,
     applies_to=lambda strategy: True,  # mk.distribute's input is distributed on every strategy
     needed=lambda: "keras_hub" in sys.modules,
+    account="keras-hub-tasks",
+    tests=(
+        "tests/test_keras_hub.py::test_a_task_on_two_replicas_equals_one_device",
+        "tests/test_keras_hub.py::test_a_task_on_two_workers_equals_one_device_and_the_workers_agree",
+        "tests/test_keras_hub.py::test_a_task_with_a_preprocessor_is_told_to_preprocess_in_the_pipeline",
+    ),
 )
 
 

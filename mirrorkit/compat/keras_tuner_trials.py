@@ -117,6 +117,14 @@ def _imported() -> bool:
     return "keras_tuner" in sys.modules
 
 
+#: The failure's account on the Keras repairs page (docs: compat/), and the tests of
+#: this module's repairs (docs: development/#repairs-and-tests is made from them).
+_ACCOUNT = "kerastuner-trials-across-workers"
+_TESTS = (
+    "tests/test_keras_tuner.py::test_a_two_worker_launch_tunes_as_one_device_against_a_chief_oracle",
+    "tests/test_keras_tuner.py::test_workers_handed_different_trials_stop_naming_each_workers_trial",
+)
+
 REPAIRS = (
     Repair(
         name="keras_tuner_ask_together",
@@ -126,6 +134,8 @@ REPAIRS = (
         replacement=_ask_together,
         applies_to=workers.is_multi_worker,
         needed=_imported,
+        account=_ACCOUNT,
+        tests=_TESTS,
     ),
     Repair(
         name="keras_tuner_same_trial",
@@ -135,5 +145,7 @@ REPAIRS = (
         replacement=_same_trial,
         applies_to=workers.is_multi_worker,
         needed=_imported,
+        account=_ACCOUNT,
+        tests=_TESTS,
     ),
 )

@@ -67,4 +67,10 @@ REPAIR = Repair(
     target="reduce_per_replica",
     replacement=_replacement,
     applies_to=workers.is_multi_worker,
+    account="multi-worker-log-reduction",
+    tests=(
+        "tests/test_multiworker.py::test_multi_worker_scalar_reduce_fails_upstream",
+        "tests/test_multiworker.py::test_two_workers_train_like_one_process",
+        "tests/test_multiworker.py::test_evaluate_and_predict_match_one_process",
+    ),
 )

@@ -178,6 +178,15 @@ CLIP = Repair(
     target="TFOptimizer._clip_gradients",
     replacement=_clip_after_all_reduce,
     applies_to=spans_replicas,
+    account="clipping-and-sparse-gradients-across-replicas",
+    tests=(
+        "tests/test_clipping.py::test_keras_alone_clips_each_replicas_gradient",
+        "tests/test_clipping.py::test_fit_clips_the_averaged_gradient_as_one_device",
+        "tests/test_clipping.py::test_four_replicas_clip_as_one_device_too",
+        "tests/test_clipping.py::test_train_on_batch_clips_as_one_device",
+        "tests/test_clipping.py::test_accumulated_gradients_are_clipped_after_the_all_reduce",
+        "tests/test_clipping.py::test_a_custom_loop_clips_the_summed_gradient_as_one_device",
+    ),
 )
 
 REPAIRS = (
@@ -188,6 +197,23 @@ REPAIRS = (
         target="TFOptimizer._backend_update_step",
         replacement=_averaged_gradients,
         applies_to=spans_replicas,
+        account="losses-in-your-own-train_step",
+        tests=(
+            "tests/test_own_train_step.py::test_a_loss_reduced_by_hand_trains_at_twice_the_gradient_upstream",
+            "tests/test_own_train_step.py::test_a_loss_reduced_by_hand_trains_as_one_device",
+            "tests/test_own_train_step.py::test_tf_nn_compute_average_loss_in_a_step_trains_as_one_device",
+            "tests/test_own_train_step.py::test_a_summed_loss_trains_as_one_device",
+            "tests/test_own_train_step.py::test_a_custom_loop_outside_fit_keeps_tensorflow_contract",
+            "tests/test_check_equivalence.py::test_custom_train_steps_that_average_by_hand_or_log_keras_losses_pass",
+            "tests/test_check_equivalence.py::test_the_guide_step_logs_one_device_loss_and_is_told_so",
+            "tests/test_keras_io_examples.py::test_own_training_steps_on_two_workers_as_one_device[custom_train_step]",
+            "tests/test_keras_io_examples.py::test_own_training_steps_on_two_workers_as_one_device[knowledge_distillation]",
+            "tests/test_keras_io_examples.py::test_own_training_steps_on_two_workers_as_one_device[subclassing_add_loss]",
+            "tests/test_clipping.py::test_fit_clips_the_averaged_gradient_as_one_device",
+            "tests/test_sparse_gradients.py::test_keras_alone_squares_each_replicas_slice",
+            "tests/test_sparse_gradients.py::test_a_dense_layer_on_sparse_inputs_trains_as_one_device",
+            "tests/test_sparse_gradients.py::test_embedding_ids_repeated_within_and_across_replicas_train_as_one_device",
+        ),
     ),
     CLIP,
 )

@@ -104,6 +104,23 @@ def _regularization_as_one_device(original):
     return scale_regularization_loss
 
 
+#: The failure's account on the Keras repairs page (docs: compat/), and the tests of
+#: this module's repairs (docs: development/#repairs-and-tests is made from them).
+_ACCOUNT = "losses-in-your-own-train_step"
+_TESTS = (
+    "tests/test_own_train_step.py::test_a_loss_reduced_by_hand_trains_at_twice_the_gradient_upstream",
+    "tests/test_own_train_step.py::test_a_loss_reduced_by_hand_trains_as_one_device",
+    "tests/test_own_train_step.py::test_tf_nn_compute_average_loss_in_a_step_trains_as_one_device",
+    "tests/test_own_train_step.py::test_a_summed_loss_trains_as_one_device",
+    "tests/test_own_train_step.py::test_a_custom_loop_outside_fit_keeps_tensorflow_contract",
+    "tests/test_check_equivalence.py::test_custom_train_steps_that_average_by_hand_or_log_keras_losses_pass",
+    "tests/test_check_equivalence.py::test_the_guide_step_logs_one_device_loss_and_is_told_so",
+    "tests/test_keras_io_examples.py::test_own_training_steps_on_two_workers_as_one_device[custom_train_step]",
+    "tests/test_keras_io_examples.py::test_own_training_steps_on_two_workers_as_one_device[knowledge_distillation]",
+    "tests/test_keras_io_examples.py::test_own_training_steps_on_two_workers_as_one_device[subclassing_add_loss]",
+)
+
+
 def _repair(name: str, module: str, target: str, replacement) -> Repair:
     return Repair(
         name=name,
@@ -112,6 +129,8 @@ def _repair(name: str, module: str, target: str, replacement) -> Repair:
         target=target,
         replacement=replacement,
         applies_to=spans_replicas,
+        account=_ACCOUNT,
+        tests=_TESTS,
     )
 
 

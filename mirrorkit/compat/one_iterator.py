@@ -216,6 +216,15 @@ REPAIRS = (
         target="TensorFlowTrainer.fit",
         replacement=_replacement,
         applies_to=lambda strategy: True,  # mk.distribute's input is distributed everywhere
+        account="one-iterator-per-fit",
+        tests=(
+            "tests/test_one_iterator.py::test_fit_made_an_iterator_per_epoch_before",
+            "tests/test_one_iterator.py::test_fit_makes_one_training_and_one_validation_iterator",
+            "tests/test_one_iterator.py::test_one_iterator_trains_as_an_iterator_per_epoch",
+            "tests/test_one_iterator.py::test_steps_per_execution_never_reads_into_the_next_epoch",
+            "tests/test_one_iterator.py::test_the_twin_gives_each_epoch_the_order_of_that_epoch",
+            "tests/test_one_iterator.py::test_a_fit_given_its_own_steps_and_a_plain_dataset_are_left_alone",
+        ),
     ),
     Repair(
         name="one_iterator_validation",
@@ -224,6 +233,11 @@ REPAIRS = (
         target="EpochIterator.reset",
         replacement=_reset_replacement,
         applies_to=lambda strategy: True,
+        account="one-iterator-per-fit",
+        tests=(
+            "tests/test_one_iterator.py::test_fit_made_an_iterator_per_epoch_before",
+            "tests/test_one_iterator.py::test_fit_makes_one_training_and_one_validation_iterator",
+        ),
     ),
     Repair(
         name="one_iterator_evaluate",
@@ -232,6 +246,12 @@ REPAIRS = (
         target="TensorFlowTrainer.evaluate",
         replacement=lambda original: _across_calls_replacement(original, "stop_evaluating"),
         applies_to=lambda strategy: True,
+        account="one-iterator-per-fit",
+        tests=(
+            "tests/test_one_iterator.py::test_evaluate_and_predict_keep_one_iterator_across_calls",
+            "tests/test_one_iterator.py::test_a_call_stopped_part_way_gives_its_iterator_up",
+            "tests/test_one_iterator.py::test_a_shuffled_dataset_and_given_steps_keep_an_iterator_per_call",
+        ),
     ),
     Repair(
         name="one_iterator_predict",
@@ -240,6 +260,11 @@ REPAIRS = (
         target="TensorFlowTrainer.predict",
         replacement=lambda original: _across_calls_replacement(original, "stop_predicting"),
         applies_to=lambda strategy: True,
+        account="one-iterator-per-fit",
+        tests=(
+            "tests/test_one_iterator.py::test_evaluate_and_predict_keep_one_iterator_across_calls",
+            "tests/test_one_iterator.py::test_a_call_stopped_part_way_gives_its_iterator_up",
+        ),
     ),
     Repair(
         name="one_iterator_lend",
@@ -248,5 +273,11 @@ REPAIRS = (
         target="TFEpochIterator._get_iterator",
         replacement=_get_iterator_replacement,
         applies_to=lambda strategy: True,
+        account="one-iterator-per-fit",
+        tests=(
+            "tests/test_one_iterator.py::test_an_unbuilt_model_reading_a_batch_to_build_itself_misses_nothing",
+            "tests/test_one_iterator.py::test_an_iterator_left_reading_does_not_move_the_next_fits_orders",
+            "tests/test_one_iterator.py::test_evaluate_and_predict_keep_one_iterator_across_calls",
+        ),
     ),
 )

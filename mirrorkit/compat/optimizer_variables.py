@@ -54,4 +54,13 @@ REPAIR = Repair(
     replacement=_replacement,
     applies_to=spans_replicas,
     needed=lambda: not _fixed_upstream(),
+    account="optimizers-built-inside-the-step",
+    tests=(
+        "tests/test_compat.py::test_custom_loop_with_adam_fails_upstream",
+        "tests/test_compat.py::test_custom_loop_with_adam_built_in_the_step",
+        "tests/test_compat.py::test_custom_loop_with_adam_after_build",
+        "tests/test_own_train_step.py::test_optimizers_under_other_names_fail_upstream",
+        "tests/test_own_train_step.py::test_a_model_without_call_and_two_optimizers_trains_as_one_device",
+        "tests/test_own_train_step.py::test_loss_scale_and_multi_optimizers_in_a_custom_step_train_as_one_device",
+    ),
 )

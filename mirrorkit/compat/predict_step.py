@@ -96,6 +96,12 @@ REPAIRS = (
         target="TensorFlowTrainer.make_predict_function",
         replacement=_predict_function,
         applies_to=spans_replicas,
+        account="predict-across-replicas",
+        tests=(
+            "tests/test_predict_replicas.py::test_keras_alone_cannot_predict_with_xla_or_one_batch_across_replicas",
+            "tests/test_predict_replicas.py::test_xla_is_left_out_of_predict_across_replicas_and_said_once",
+            "tests/test_predict_replicas.py::test_two_replicas_predict_as_one_device",
+        ),
     ),
     Repair(
         name="predict_on_batch_split",
@@ -105,5 +111,10 @@ REPAIRS = (
         target="TensorFlowTrainer.predict_on_batch",
         replacement=_predict_on_batch,
         applies_to=spans_replicas,
+        account="predict-across-replicas",
+        tests=(
+            "tests/test_predict_replicas.py::test_keras_alone_cannot_predict_with_xla_or_one_batch_across_replicas",
+            "tests/test_predict_replicas.py::test_predict_on_batch_splits_an_uneven_batch_into_one_devices_rows",
+        ),
     ),
 )

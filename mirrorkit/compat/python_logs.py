@@ -62,4 +62,9 @@ REPAIR = Repair(
     replacement=_replacement,
     applies_to=spans_replicas,
     needed=lambda: not _fixed_upstream(),
+    account="logs-that-hold-a-variable",
+    tests=(
+        "tests/test_compat.py::test_a_custom_metric_variable_is_logged_as_one_device_number",
+        "tests/test_compat.py::test_python_logs_repair_is_needed_exactly_where_keras_logs_a_variable",
+    ),
 )

@@ -106,11 +106,30 @@ def _reduce_lr(original):
     return on_epoch_end
 
 
+#: The failure's account on the Keras repairs page (docs: compat/), and the tests of
+#: this module's repairs (docs: development/#repairs-and-tests is made from them).
+_ACCOUNT = "monitored-values-that-differ-between-workers"
+_TESTS = (
+    "tests/test_keras_callbacks_multiworker.py::test_keras_callbacks_act_once_and_stop_together_on_two_workers",
+    "tests/test_keras_callbacks_multiworker.py::test_monitored_value_is_the_workers_mean_or_their_common_value",
+    "tests/test_keras_callbacks_multiworker.py::test_monitored_value_logged_by_some_workers_only_is_an_error",
+)
+
 REPAIRS = (
     multi_worker_repair(
-        "shared_early_stopping", _UPSTREAM, "EarlyStopping.get_monitor_value", _early_stopping
+        "shared_early_stopping",
+        _UPSTREAM,
+        "EarlyStopping.get_monitor_value",
+        _early_stopping,
+        account=_ACCOUNT,
+        tests=_TESTS,
     ),
     multi_worker_repair(
-        "shared_reduce_lr", _UPSTREAM, "ReduceLROnPlateau.on_epoch_end", _reduce_lr
+        "shared_reduce_lr",
+        _UPSTREAM,
+        "ReduceLROnPlateau.on_epoch_end",
+        _reduce_lr,
+        account=_ACCOUNT,
+        tests=_TESTS,
     ),
 )

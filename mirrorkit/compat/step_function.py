@@ -129,4 +129,14 @@ REPAIR = Repair(
     target="TensorFlowTrainer._make_function",
     replacement=_replacement,
     applies_to=spans_replicas,
+    account="steps_per_execution",
+    tests=(
+        "tests/test_compat.py::test_steps_per_execution_fails_upstream",
+        "tests/test_compat.py::test_steps_per_execution_on_two_replicas_equals_one_device",
+        "tests/test_internals.py::test_step_function_renamed_closure_is_an_error_not_a_no_op",
+        "tests/test_compat.py::test_jit_compile_fails_upstream",
+        "tests/test_compat.py::test_jit_compile_on_two_replicas_trains_and_says_so",
+        "tests/test_compat.py::test_mixed_precision_with_jit_fails_upstream",
+        "tests/test_compat.py::test_mixed_precision_with_jit_and_steps_per_execution_trains",
+    ),
 )

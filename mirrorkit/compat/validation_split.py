@@ -43,4 +43,9 @@ REPAIR = Repair(
     target="train_validation_split",
     replacement=_replacement,
     applies_to=lambda strategy: True,
+    account="validation_split-on-a-distributed-dataset",
+    tests=(
+        "tests/test_conformance.py::test_two_replicas[validation_split_distributed-error]",
+        "tests/test_errors_table.py::test_row_still_gets_its_error[fit-validation-split-dataset]",
+    ),
 )

@@ -38,6 +38,12 @@ class Repair:
         needed: whether the installed Keras still has the bug (its canary, read
             from Keras's own code); when it returns False the repair steps
             aside, silently: the bug is fixed upstream.
+        account: the anchor of the failure's account on the Keras repairs page (docs:
+            compat/), e.g. ``first-batch-build``: the section that says what fails without
+            the repair. The maintainers' table of repairs and their tests (docs:
+            development/#repairs-and-tests) is generated from `account` and `tests`.
+        tests: the pytest node ids that reproduce the failure without the repair and check
+            the repair, e.g. ``tests/test_compat.py::test_steps_per_execution_fails_upstream``.
     """
 
     name: str
@@ -47,6 +53,8 @@ class Repair:
     replacement: Callable[[Any], Any]
     applies_to: Callable[[Any], bool]
     needed: Callable[[], bool] = _always
+    account: str = ""
+    tests: tuple[str, ...] = ()
     original: Any = None
     #: Whether the owner held the target itself (not inherited from a base class).
     owned: bool = True

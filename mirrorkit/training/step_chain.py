@@ -39,4 +39,10 @@ REPAIR = Repair(
     replacement=_replacement,
     applies_to=lambda strategy: True,
     applied_when="with the first step hook (ThroughputCallback, NaNGuard, PreemptionCheckpoint)",
+    account="the-step-chain",
+    tests=(
+        "tests/test_step_hooks.py::test_every_order_of_the_callbacks_gives_the_same_verdicts_figures_and_weights",
+        "tests/test_step_hooks.py::test_hooks_run_by_their_place_whatever_the_order_they_came_in",
+        "tests/test_step_hooks.py::test_a_retrace_and_a_second_fit_keep_the_chain_and_removing_restores_keras",
+    ),
 )

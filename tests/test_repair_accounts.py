@@ -1,0 +1,117 @@
+"""Each Keras repair declares its account on the Keras repairs page and its tests.
+
+docs/development.md's table "Keras repairs and their tests" is generated from each
+`Repair`'s ``account`` and ``tests`` (docs/hooks.py), so these are checked here: every repair
+mirrorkit applies process-wide has an account that is a ``###`` section of docs/compat.md and
+at least one test, and every test it names is a ``def test_...`` of an existing file.
+"""
+
+from __future__ import annotations
+
+import ast
+import functools
+import importlib.util
+import pathlib
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+
+
+def _hooks():
+    """docs/hooks.py, which makes the table (and reads compat.md's sections the way mkdocs does)."""
+    spec = importlib.util.spec_from_file_location(
+        "mirrorkit_docs_hooks", ROOT / "docs" / "hooks.py"
+    )
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@functools.cache
+def _repairs():
+    return tuple(_hooks().documented_repairs())
+
+
+@functools.cache
+def _test_functions(path: str) -> frozenset[str]:
+    tree = ast.parse((ROOT / path).read_text())
+    return frozenset(
+        node.name
+        for node in ast.walk(tree)
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef)
+        and node.name.startswith("test_")
+    )
+
+
+def _missing_tests(tests: tuple[str, ...]) -> list[str]:
+    """The node ids of `tests` that name no file, or no ``def test_...`` in it."""
+    missing = []
+    for node_id in tests:
+        path, sep, name = node_id.partition("::")
+        name = name.split("[")[0]  # a parametrized test's case: the function is checked
+        if not sep or not name.startswith("test_") or not (ROOT / path).is_file():
+            missing.append(node_id)
+        elif name not in _test_functions(path):
+            missing.append(node_id)
+    return missing
+
+
+def test_no_repair_is_left_out():
+    """Every repair mirrorkit applies process-wide is in the table, once."""
+    from mirrorkit import compat
+    from mirrorkit.patching import repair
+    from mirrorkit.scale import fit_notices
+    from mirrorkit.training import step_chain
+
+    expected = {
+        r.name for r in (*compat.REPAIRS, *compat.ON_DEMAND, step_chain.REPAIR, fit_notices.REPAIR)
+    }
+    expected |= {r.name for r in repair.declared()}
+    names = [r.name for r in _repairs()]
+    assert len(names) == len(set(names)), names
+    assert set(names) == expected
+
+
+@pytest.mark.parametrize("repair", _repairs(), ids=lambda repair: repair.name)
+def test_each_repair_has_an_account_on_the_repairs_page(repair):
+    sections = _hooks().compat_sections()
+    assert repair.account, f"the '{repair.name}' repair declares no account (Repair.account)"
+    assert repair.account in sections, (
+        f"the '{repair.name}' repair's account '{repair.account}' is no ### section of "
+        f"docs/compat.md: {sorted(sections)}"
+    )
+
+
+@pytest.mark.parametrize("repair", _repairs(), ids=lambda repair: repair.name)
+def test_each_repair_names_tests_that_exist(repair):
+    assert repair.tests, f"the '{repair.name}' repair declares no tests (Repair.tests)"
+    assert not _missing_tests(repair.tests), (
+        f"the '{repair.name}' repair names tests that do not exist: {_missing_tests(repair.tests)}"
+    )
+
+
+def test_a_test_that_does_not_exist_is_caught():
+    assert _missing_tests(
+        (
+            "tests/test_compat.py::test_no_such_test",
+            "tests/no_such_file.py::test_x",
+            "tests/test_compat.py",
+        )
+    ) == [
+        "tests/test_compat.py::test_no_such_test",
+        "tests/no_such_file.py::test_x",
+        "tests/test_compat.py",
+    ]
+
+
+def test_the_generated_table_has_a_row_per_repair_with_its_link():
+    hooks = _hooks()
+    table = hooks.repairs_table().splitlines()
+    assert len(table) == 2 + len(_repairs())
+    assert (
+        "[First-batch build](compat.md#first-batch-build)"
+        in table[2 + [r.name for r in _repairs()].index("symbolic_build")]
+    )
+    page = (ROOT / "docs" / "development.md").read_text()
+    assert hooks.REPAIRS_TABLE in page, "docs/development.md lost the table's marker line"

@@ -1,6 +1,10 @@
 """`mirrorkit info` says whether the installed TensorFlow/Keras pair is inside the tested range."""
 
 import json
+import os
+
+import pytest
+from _quoted import assert_quoted_in, quoted_block
 
 from mirrorkit import versions
 from mirrorkit.commands import info
@@ -51,3 +55,16 @@ def test_info_reports_a_malformed_tf_config(mirrorkit_command, capsys, monkeypat
     out, _ = capsys.readouterr()
     assert code == 1
     assert "cluster.worker[0]" in out
+
+
+def test_info_without_a_gpu_prints_what_the_keras_code_page_quotes(
+    mirrorkit_command, capsys, monkeypatch
+):
+    for name in [n for n in os.environ if n.startswith(("SLURM_", "TF_CONFIG"))]:
+        monkeypatch.delenv(name)
+    code = mirrorkit_command("info")
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    if "GPU:" in out:
+        pytest.skip("docs/keras-code.md quotes `mirrorkit info` on a machine without a GPU")
+    assert_quoted_in(quoted_block("keras-code.md", "On a machine without a GPU:"), out)

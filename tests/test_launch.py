@@ -1,5 +1,6 @@
 """`mirrorkit launch` and `mk.launch` with real workers."""
 
+import dataclasses
 import json
 import os
 import re
@@ -10,6 +11,7 @@ import textwrap
 import time
 
 import pytest
+from _quoted import assert_quoted_in, quoted_block
 
 import mirrorkit as mk
 from mirrorkit.launcher.processes import WorkerError
@@ -37,6 +39,14 @@ def test_multiworker_quickstart_runs_under_launch(tmp_path):
     assert sorted((w, i) for w, i, _ in sums) == [("0", "0"), ("1", "1")]
     assert sums[0][2] == sums[1][2]  # the same weights on both workers
     assert "[w0] final: loss" in done.stdout and "[w1] final" not in done.stdout
+    # What docs/multi-worker.md quotes of `mirrorkit launch -n 2` (its plan on stderr first).
+    quote = quoted_block("multi-worker.md", "The launcher first prints its plan on stderr")
+    from mirrorkit.launcher import netns
+
+    if netns.check() is not None:  # the page quotes a machine where the workers get one
+        lines = [x for x in quote.lines if "private network namespace" not in x]
+        quote = dataclasses.replace(quote, lines=lines)
+    assert_quoted_in(quote, done.stderr + done.stdout)
     # --log-dir: one unprefixed log per worker.
     assert sorted(os.listdir(logs)) == ["worker-0.log", "worker-1.log"]
     for i in (0, 1):
@@ -80,6 +90,8 @@ def test_a_failing_worker_stops_the_launch(tmp_path):
     assert elapsed < 100
     assert "RuntimeError: worker 1 breaks at step 3" in done.stdout
     assert "worker 1 failed with exit code 1" in done.stderr
+    quote = quoted_block("multi-worker.md", "A failed worker is named with its exit code")
+    assert_quoted_in(quote, done.stderr)
     assert len(os.listdir(pids)) == 2
     for pid in os.listdir(pids):
         with pytest.raises(ProcessLookupError):

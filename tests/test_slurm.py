@@ -28,16 +28,20 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from _quoted import assert_quoted_in, quoted_block
 from _slurm import Cluster, missing
 from _two_hosts import Hosts
 
 ROOT = Path(__file__).resolve().parent.parent
 TRAIN = str(ROOT / "examples" / "slurm" / "train.py")
 SBATCH = str(ROOT / "examples" / "slurm" / "train.sbatch")
+#: The page whose quoted outputs these jobs print.
+PAGE = "clusters/slurm.md"
 #: A training job's limit: 10 to 40 s each on a loaded 2-core machine.
 JOB_TIMEOUT_S = 300
-#: One epoch of 16 steps: enough for the weights to tell a wrong job from a right one.
-EPOCHS = ("--epochs", "1")
+#: The example's default, 2 epochs of 16 steps: what docs/clusters/slurm.md quotes of the sbatch
+#: job, and enough for the weights to tell a wrong job from a right one.
+EPOCHS = ("--epochs", "2")
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.waits]  # waits: the jobs run under slurmd
 
@@ -141,6 +145,7 @@ def test_one_launcher_per_node_prefixes_global_ranks_and_trains_as_one_device(
     assert "[w0] worker 0 of 2 on mk-node0: CPU:0" in said, said[-6000:]
     assert "[w1] worker 1 of 2 on mk-node1: CPU:0" in said, said[-6000:]  # not [w0]
     assert "mirrorkit: workers 1-1 of 2 on this host" in said
+    assert_quoted_in(quoted_block(PAGE, "the second node's launcher and worker print"), said)
     _same_as_one_device(np.load(out), one_device())
 
 
@@ -150,6 +155,7 @@ def test_the_sbatch_example_trains_as_one_device(cluster, one_device, tmp_path):
     job = log.read_text() if log.exists() else "(no job output)"
     assert (exit_code, state) == (0, "COMPLETED"), job[-6000:] + cluster.logs()
     assert "worker 1 of 2 on mk-node1: CPU:0" in job, job[-6000:]
+    assert_quoted_in(quoted_block(PAGE, "The chief (worker 0) prints the strategy"), job)
     _same_as_one_device(np.load(out), one_device())
 
 
@@ -179,6 +185,7 @@ def test_a_worker_failing_on_one_node_ends_the_job_naming_it(cluster, tmp_path, 
     assert "mirrorkit: sent SIGTERM to Slurm step" in said, said[-6000:]
     assert "after worker 1 failed, so no other node waits for it" in said
     assert took < 150, f"the job took {took:.0f} s to end:\n{said[-6000:]}"
+    assert_quoted_in(quoted_block(PAGE, "the failed worker's launcher says so"), said)
 
 
 def test_a_batch_script_outside_srun_is_told_it_trains_alone(cluster, tmp_path):
@@ -189,6 +196,7 @@ def test_a_batch_script_outside_srun_is_told_it_trains_alone(cluster, tmp_path):
     assert exit_code == 0, job[-4000:]
     assert "has 4 task(s) on 2 node(s), but this process is not a task of a job step" in job, job
     assert "`srun python SCRIPT`" in job
+    assert_quoted_in(quoted_block(PAGE, "print, for a job of 4 tasks on 2 nodes"), job)
 
 
 _TIME_LIMITED_TRAIN = """\
@@ -210,7 +218,7 @@ model.fit(data, epochs={epochs}, verbose=2 if mk.is_chief() else 0,
 if mk.is_chief():
     np.save(args.out, np.concatenate([w.ravel() for w in model.get_weights()]))
 """
-_TIME_LIMITED_EPOCHS = 40
+_TIME_LIMITED_EPOCHS = 20  # as in the page's quote: "Epoch .../20"
 
 
 def _time_limit_recipe(train: Path, sbatch: Path) -> str:
@@ -263,10 +271,12 @@ def test_the_time_limit_recipe_saves_at_the_signal_and_the_next_job_resumes(clus
     assert (exit_code, state) == (42, "FAILED"), said[-6000:] + cluster.logs()
     assert "checkpoint saved in runs/run1/preempt at epoch" in said, said[-6000:]
     assert "Submitted batch job" in said, said[-6000:]
+    assert_quoted_in(quoted_block(PAGE, "job 1's output ends with"), said)
     second = said.rsplit("Submitted batch job", 1)[1].split()[0]
     assert cluster.wait(second, timeout=JOB_TIMEOUT_S) == (0, "COMPLETED"), cluster.logs()
     resumed = (tmp_path / f"train-{second}.out").read_text()
     assert "resuming from the preemption checkpoint at epoch" in resumed, resumed[-6000:]
+    assert_quoted_in(quoted_block(PAGE, "Job 2 resumes where job 1 saved"), resumed)
     alone, _ = one_device.communicate(timeout=JOB_TIMEOUT_S)
     assert one_device.returncode == 0, alone[-4000:]
     _same_as_one_device(np.load(tmp_path / "weights.npy"), np.load(tmp_path / "alone.npy"))

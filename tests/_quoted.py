@@ -1,0 +1,70 @@
+"""A docs page's quoted program output, compared with what the program really printed.
+
+A page quotes output in a fenced block (```` ``` ```` or ```` ```text ````). The test that runs
+the program finds the block with `quoted_block` and checks it with `assert_quoted_in`, the
+convention of ``tests/test_doc_examples.py::test_a_quoted_output_is_what_its_example_prints``:
+
+- every quoted line but a blank one or a line that is exactly ``...`` must be a line of the
+  output (trailing spaces aside);
+- a ``...`` inside a quoted line stands for any text: a port, a PID, a time that varies from
+  run to run, or the rest of a long line.
+
+The line before such a block on the page says which test compares it, as MODULE.TEST (a user
+page names no ``tests/`` path: ``tests/test_docs_prose.py``)::
+
+    <!-- compared by test_slurm.test_the_sbatch_example_trains_as_one_device -->
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+#: The comment on the line before a compared block: the test module (under tests/) and test.
+MARKER = re.compile(r"^<!-- compared by (?P<module>test_\w+)\.(?P<test>test_\w+) -->\s*$")
+
+
+@dataclass(frozen=True)
+class Quote:
+    """A fenced block's lines, and where it is (``docs/page.md:LINE``, the fence's line)."""
+
+    lines: list[str]
+    where: str
+
+
+def quoted_block(page: str, after: str) -> Quote:
+    """The first fenced block after the first line of `page` that contains `after`.
+
+    `page` is relative to docs/ (``clusters/slurm.md``). The block must be marked as compared
+    (`MARKER` on the line before its fence, naming a test that exists), so the page tells its
+    maintainers.
+    """
+    lines = (ROOT / "docs" / page).read_text().splitlines()
+    at = next((i for i, line in enumerate(lines) if after in line), None)
+    assert at is not None, f"docs/{page} no longer says {after!r}"
+    start = next(j for j in range(at + 1, len(lines)) if lines[j].lstrip().startswith("```"))
+    end = next(j for j in range(start + 1, len(lines)) if lines[j].lstrip().startswith("```"))
+    where = f"docs/{page}:{start + 1}"
+    marker = MARKER.match(lines[start - 1])
+    assert marker, f"{where}: a compared block has `<!-- compared by MODULE.TEST -->` before it"
+    module = ROOT / "tests" / f"{marker['module']}.py"
+    assert module.exists() and f"def {marker['test']}(" in module.read_text(), (
+        f"{where}: its comment names {marker['module']}.{marker['test']}, which is no test"
+    )
+    return Quote(lines[start + 1 : end], where)
+
+
+def assert_quoted_in(quote: Quote, output: str) -> None:
+    """Every line of `quote`, but a blank one or ``...``, is a line of `output`."""
+    printed = [line.rstrip() for line in output.splitlines()]
+    for quoted_line in quote.lines:
+        if quoted_line.strip() in ("", "..."):
+            continue
+        # `...` inside a line stands for what varies (a time, an address) or is cut short
+        pattern = ".*".join(re.escape(part) for part in quoted_line.rstrip().split("..."))
+        assert any(re.fullmatch(pattern, p) for p in printed), (
+            f"{quote.where} quotes {quoted_line!r}, which the program did not print; "
+            "it printed:\n" + "\n".join(printed[-60:])
+        )

@@ -316,3 +316,53 @@ def _no_scoped_patch_outlives_its_test():
     for repair in reversed(left):
         _repair.remove_scoped(repair)
     assert not left, f"still in place after this test: {[repair.name for repair in left]}"
+
+
+def _every_repair() -> list:
+    """compat's repairs, those parts of mirrorkit declare or apply on first use."""
+    from mirrorkit import compat
+    from mirrorkit.patching.repair import declared
+    from mirrorkit.scale import fit_notices
+    from mirrorkit.training import step_chain
+
+    found = list(compat.REPAIRS + compat.ON_DEMAND) + declared()
+    found += [step_chain.REPAIR, fit_notices.REPAIR]
+    return [r for i, r in enumerate(found) if not any(r is seen for seen in found[:i])]
+
+
+def repairs_checked_by(nodeid: str) -> list[str]:
+    """The repairs that name the test `nodeid` among their tests (``Repair.tests``)."""
+    bare = nodeid.split("[", 1)[0]
+    return [r.name for r in _every_repair() if bare in getattr(r, "tests", ())]
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """An upstream canary that fails says which repair to retire.
+
+    A canary (``@pytest.mark.upstream``) turns a repair off and checks that plain Keras or
+    TensorFlow still fails. When it does not (CI's next leg runs the nightlies' canaries),
+    the failure names the repairs that declare the canary, and what to do.
+    """
+    outcome = yield
+    report = outcome.get_result()
+    if report.when != "call" or not report.failed or not item.get_closest_marker("upstream"):
+        return
+    import keras
+    import tensorflow as tf
+
+    repairs = repairs_checked_by(item.nodeid)
+    what = (
+        f"the bug that {', '.join(repairs)} repairs"
+        if repairs
+        else "an upstream bug (no repair names this test among its tests)"
+    )
+    report.sections.append(
+        (
+            "upstream canary",
+            f"This canary shows {what}; it did not show on TensorFlow {tf.__version__} / Keras "
+            f"{keras.__version__}. If that release fixed the bug, retire the repair there: give "
+            "it fixed_in (or a needed() that reads Keras's code) and say so on the Keras repairs "
+            "page (docs: compat/).",
+        )
+    )

@@ -115,3 +115,73 @@ def test_the_generated_table_has_a_row_per_repair_with_its_link():
     )
     page = (ROOT / "docs" / "development.md").read_text()
     assert hooks.REPAIRS_TABLE in page, "docs/development.md lost the table's marker line"
+
+
+#: Repairs of an upstream bug that have no canary yet: no test that shows the bug without
+#: them, no code read from Keras, no fixed_in. This list only shrinks: give a repair a canary
+#: (a test marked ``upstream`` in its ``tests``) and take it off.
+NO_CANARY_YET = (
+    "backup_step_epoch",
+    "keras_hub_inputs",
+    "keras_tuner_ask_together",
+    "keras_tuner_same_trial",
+    "shared_reduce_lr",
+)
+
+
+@functools.cache
+def _upstream_tests(path: str) -> frozenset[str]:
+    """The tests of `path` marked ``upstream`` (each, or the whole module by ``pytestmark``)."""
+    tree = ast.parse((ROOT / path).read_text())
+    whole = any(
+        isinstance(node, ast.Assign)
+        and any(getattr(target, "id", "") == "pytestmark" for target in node.targets)
+        and "upstream" in ast.unparse(node.value)
+        for node in tree.body
+    )
+    return frozenset(
+        node.name
+        for node in ast.walk(tree)
+        if isinstance(node, ast.FunctionDef)
+        and node.name.startswith("test_")
+        and (whole or any("mark.upstream" in ast.unparse(d) for d in node.decorator_list))
+    )
+
+
+def _has_canary(repair) -> bool:
+    if repair.checks_keras or repair.fixed_in:
+        return True
+    return any(
+        node_id.split("::")[1].split("[")[0] in _upstream_tests(node_id.split("::")[0])
+        for node_id in repair.tests
+    )
+
+
+def test_every_repair_of_an_upstream_bug_knows_when_it_is_no_longer_needed():
+    """A canary (an ``upstream`` test, a `needed` that reads Keras, or ``fixed_in``) for each.
+
+    A patch for a feature of mirrorkit (``feature`` set) repairs nothing upstream and needs none.
+    """
+    bugs = [repair for repair in _repairs() if not repair.feature]
+    without = sorted(repair.name for repair in bugs if not _has_canary(repair))
+    assert without == sorted(NO_CANARY_YET), (
+        "give each repair of an upstream bug a canary (a test marked upstream among its tests, "
+        "a needed() that reads Keras's code, or fixed_in), and keep NO_CANARY_YET to the ones "
+        f"still without: {without}"
+    )
+
+
+def test_a_patch_for_a_feature_of_mirrorkit_says_which():
+    features = {repair.name: repair.feature for repair in _repairs() if repair.feature}
+    assert {"one_iterator", "fit_epoch", "step_chain", "fit_notices"} <= set(features), features
+    assert all(len(text) > 10 for text in features.values()), features
+
+
+def test_a_failing_canary_names_the_repair_to_retire():
+    """conftest's report hook names, for a failed upstream test, the repairs that declare it."""
+    from conftest import repairs_checked_by
+
+    assert repairs_checked_by("tests/test_compat.py::test_steps_per_execution_fails_upstream") == [
+        "step_function"
+    ]
+    assert repairs_checked_by("tests/test_compat.py::test_no_such_test[case]") == []

@@ -161,6 +161,8 @@ def describe() -> list[dict[str, str]]:
             applies = "from the first use of the part of mirrorkit that needs it"
         elif repair.package not in ("keras", "tensorflow"):
             applies = f"once {repair.package} is imported"
+        elif repair.fixed_in:
+            applies = f"Keras before {repair.fixed_in}, which fixed it (now {keras.__version__})"
         elif repair.checks_keras:
             applies = f"Keras {keras.__version__} still has the bug (its canary read the code)"
         else:

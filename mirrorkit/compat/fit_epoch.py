@@ -72,6 +72,7 @@ REPAIR = Repair(
     replacement=_on_epoch_begin,
     applies_to=lambda strategy: True,
     applied_when="with the first shuffled mk.distribute input",
+    feature="the epoch each fit begins, for mk.distribute's shuffled orders",
     account="the-epoch-a-resumed-fit-is-in",
     tests=(
         "tests/test_restart.py::test_the_tutorials_keras_backup_resumes_a_shuffled_input_in_its_uninterrupted_orders",

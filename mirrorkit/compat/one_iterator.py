@@ -208,6 +208,9 @@ def _get_iterator_replacement(original):
 
 _UPSTREAM = "Keras's EpochIterator (one iterator only with steps_per_epoch)"
 
+#: Why mirrorkit patches fit here: none of these repairs a Keras bug.
+_FEATURE = "one distributed iterator per fit (and across evaluate/predict calls)"
+
 REPAIRS = (
     Repair(
         name="one_iterator",
@@ -216,6 +219,7 @@ REPAIRS = (
         target="TensorFlowTrainer.fit",
         replacement=_replacement,
         applies_to=lambda strategy: True,  # mk.distribute's input is distributed everywhere
+        feature=_FEATURE,
         account="one-iterator-per-fit",
         tests=(
             "tests/test_one_iterator.py::test_fit_made_an_iterator_per_epoch_before",
@@ -233,6 +237,7 @@ REPAIRS = (
         target="EpochIterator.reset",
         replacement=_reset_replacement,
         applies_to=lambda strategy: True,
+        feature=_FEATURE,
         account="one-iterator-per-fit",
         tests=(
             "tests/test_one_iterator.py::test_fit_made_an_iterator_per_epoch_before",
@@ -246,6 +251,7 @@ REPAIRS = (
         target="TensorFlowTrainer.evaluate",
         replacement=lambda original: _across_calls_replacement(original, "stop_evaluating"),
         applies_to=lambda strategy: True,
+        feature=_FEATURE,
         account="one-iterator-per-fit",
         tests=(
             "tests/test_one_iterator.py::test_evaluate_and_predict_keep_one_iterator_across_calls",
@@ -260,6 +266,7 @@ REPAIRS = (
         target="TensorFlowTrainer.predict",
         replacement=lambda original: _across_calls_replacement(original, "stop_predicting"),
         applies_to=lambda strategy: True,
+        feature=_FEATURE,
         account="one-iterator-per-fit",
         tests=(
             "tests/test_one_iterator.py::test_evaluate_and_predict_keep_one_iterator_across_calls",
@@ -273,6 +280,7 @@ REPAIRS = (
         target="TFEpochIterator._get_iterator",
         replacement=_get_iterator_replacement,
         applies_to=lambda strategy: True,
+        feature=_FEATURE,
         account="one-iterator-per-fit",
         tests=(
             "tests/test_one_iterator.py::test_an_unbuilt_model_reading_a_batch_to_build_itself_misses_nothing",

@@ -43,6 +43,7 @@ REPAIR = Repair(
     target="train_validation_split",
     replacement=_replacement,
     applies_to=lambda strategy: True,
+    feature="an error that says how to split a distributed dataset",
     account="validation_split-on-a-distributed-dataset",
     tests=(
         "tests/test_conformance.py::test_two_replicas[validation_split_distributed-error]",

@@ -19,6 +19,17 @@ from typing import Any
 from mirrorkit import internals
 
 
+def _release(version: str) -> tuple[int, ...]:
+    """``"3.16.0.dev2026"`` -> ``(3, 16, 0)``: the release numbers a version begins with."""
+    numbers = []
+    for part in version.replace("-", ".").split(".")[:3]:
+        digits = "".join(c for c in part if c.isdigit()) if part[:1].isdigit() else ""
+        if not digits:
+            break
+        numbers.append(int(digits))
+    return tuple(numbers)
+
+
 def _always() -> bool:
     """The default canary: the bug is there in every Keras mirrorkit supports."""
     return True
@@ -44,6 +55,13 @@ class Repair:
             development/#repairs-and-tests) is generated from `account` and `tests`.
         tests: the pytest node ids that reproduce the failure without the repair and check
             the repair, e.g. ``tests/test_compat.py::test_steps_per_execution_fails_upstream``.
+            A test marked ``upstream`` among them is the repair's canary: it turns the repair
+            off and fails once Keras no longer has the bug (CI runs the canaries on every
+            pair, the nightlies included), naming this repair.
+        fixed_in: the first Keras release that fixed the bug (``"3.16.0"``); from it on the
+            repair steps aside, as when `needed` returns False. Empty: not fixed yet.
+        feature: for a patch that repairs no upstream bug, the part of mirrorkit that needs
+            it (``"mk.distribute's one iterator per fit"``); such a patch needs no canary.
     """
 
     name: str
@@ -55,6 +73,8 @@ class Repair:
     needed: Callable[[], bool] = _always
     account: str = ""
     tests: tuple[str, ...] = ()
+    fixed_in: str = ""
+    feature: str = ""
     original: Any = None
     #: Whether the owner held the target itself (not inherited from a base class).
     owned: bool = True
@@ -103,9 +123,18 @@ class Repair:
             owner = getattr(owner, found)
         return owner, attr
 
+    @property
+    def fixed_upstream(self) -> bool:
+        """Whether the installed Keras is `fixed_in` or later (the repair steps aside)."""
+        if not self.fixed_in:
+            return False
+        import keras  # the installed release, read when asked (a test may pin another)
+
+        return _release(keras.__version__) >= _release(self.fixed_in)
+
     def apply(self) -> bool:
         """Puts the replacement in place; returns False if it already was, or is not needed."""
-        if self.active or not self.needed():
+        if self.active or self.fixed_upstream or not self.needed():
             return False
         try:
             owner, attr = self._owner_and_attr()

@@ -64,6 +64,7 @@ REPAIR = declare(
         replacement=_replacement,
         applies_to=spans_replicas,
         applied_when="with mk.strategy() or mk.build, where the strategy spans replicas",
+        feature="the notices at fit about a custom train_step and batch normalisation",
         account="losses-in-your-own-train_step",
         tests=(
             "tests/test_own_train_step.py::test_a_loss_reduced_by_hand_trains_at_twice_the_gradient_upstream",

@@ -39,6 +39,7 @@ REPAIR = Repair(
     replacement=_replacement,
     applies_to=lambda strategy: True,
     applied_when="with the first step hook (ThroughputCallback, NaNGuard, PreemptionCheckpoint)",
+    feature="the step hooks kept around a re-traced train function",
     account="the-step-chain",
     tests=(
         "tests/test_step_hooks.py::test_every_order_of_the_callbacks_gives_the_same_verdicts_figures_and_weights",

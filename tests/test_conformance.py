@@ -32,18 +32,7 @@ OPERATIONS = ("fit", "evaluate", "predict", "weights", "iterations", "notices")
 
 #: (case, operation) -> why that cell fails today on 2 replicas and on 2 workers; such a cell
 #: is a strict xfail naming its cause (it fails the suite once it passes: then remove it here).
-KNOWN: dict[tuple[str, str], str] = {
-    **{
-        ("dict_uneven_last_eval_batch", op): (
-            "Keras 3.15.1: each output's loss metric (CompileLoss) weighs a replica's mean by the "
-            "static batch dimension, None here, so every replica's mean counts 1; a last batch of "
-            "3 split 2 + 1 over 2 replicas then weighs its examples unequally (val_out_b_loss "
-            "1.4927 vs 1.3374 on one device; the total loss, weighed by tf.shape, agrees). The "
-            "same with plain strategy.experimental_distribute_dataset: not mirrorkit's pipeline"
-        )
-        for op in ("fit", "evaluate")
-    },
-}
+KNOWN: dict[tuple[str, str], str] = {}
 
 
 def _cells():

@@ -227,9 +227,12 @@ def test_the_keras_multi_worker_page_says_what_its_example_does(tmp_path):
     page = " ".join((ROOT / "docs/keras-multi-worker.md").read_text().split())
     output, folder = _script_run("docs/keras-multi-worker.md", tmp_path)
     said = re.search(r"mirrorkit: (\d+) Keras repairs active \(keras ([\d.]+)\)", output)
-    claimed = re.search(r"`mirrorkit: (\d+) Keras repairs active \(keras [\d.]+\)", page)
+    claimed = re.search(r"`mirrorkit: \.\.\. Keras repairs active \(keras [\d.]+\)", page)
     assert said and claimed, "the repairs line, in the page or in the 2-worker run's output"
-    assert claimed[1] == said[1], f"the page says {claimed[0]!r}; a 2-worker job says {said[0]!r}"
+    # "more than on one machine": the one-host count is the Keras repairs page's
+    repairs_page = (ROOT / "docs/compat.md").read_text()
+    one_host = re.search(r"mirrorkit: (\d+) Keras repairs active", repairs_page)
+    assert int(said[1]) > int(one_host[1]), (said[0], one_host[0])
     rows = re.search(r"`log\.csv` with a header and (\d+) rows", page)
     epochs = re.search(r"(\d+) `Epoch` lines", page)
     written = (folder / "log.csv").read_text().splitlines()

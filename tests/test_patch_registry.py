@@ -90,11 +90,11 @@ class Look(keras.callbacks.Callback):
             "model": model, "optimizer": model.optimizer, "resumable": resumable,
             "extended": strategy.extended,
         }
-        def on_objects():
+        def on_objects(but=()):
             return sorted(
                 f"{label}.{attr}" for label, obj in objects.items()
                 for attr, value in vars(obj).items()
-                if mirrorkits(value) or attr.startswith("_mirrorkit")
+                if (mirrorkits(value) or attr.startswith("_mirrorkit")) and attr not in but
             )
         rows = compat.describe()
         result["rows"] = rows
@@ -102,7 +102,8 @@ class Look(keras.callbacks.Callback):
         result["described"] = sorted(
             {resolve(row["target"]) for row in rows if " of the instance " not in row["target"]}
         )
-        result["on_objects"] = on_objects()
+        # an object holds its patches in one attribute (patching.instance.HELD), gone after
+        result["on_objects"] = on_objects(but=("_mirrorkit_patches",))
         compat.disable()
         result["after_process_wide"] = changed_process_wide()
         result["after_on_objects"] = on_objects()
@@ -212,3 +213,38 @@ def test_state_kept_beside_an_object_goes_with_it():
     del holder
     gc.collect()
     assert len(attached._STATE) == entries - 1
+
+
+@pytest.mark.slow
+def test_a_model_trained_with_the_step_and_gradient_hooks_is_freed():
+    """The patches of a model and its optimizer do not keep them alive once the user drops them.
+
+    Each patch holds the original it replaced (the model's train function refers to the model),
+    so it lives on the object it patches, never in a module-level list.
+    """
+    import gc
+    import weakref
+
+    import numpy as np
+
+    import mirrorkit as mk
+
+    strategy = mk.strategy(cpu_replicas=2)
+
+    def train():
+        model = mk.build(_small_model, strategy)
+        callbacks = [mk.ThroughputCallback(verbose=0), mk.callbacks.NaNGuard()]
+        model.fit(np.ones((32, 4)), np.zeros((32, 2)), batch_size=8, verbose=0, callbacks=callbacks)
+        return weakref.ref(model), weakref.ref(model.optimizer)
+
+    model, optimizer = train()
+    gc.collect()
+    assert model() is None and optimizer() is None
+
+
+def _small_model():
+    import keras
+
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(2)])
+    model.compile(optimizer="adam", loss="mse")
+    return model

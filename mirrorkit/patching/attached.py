@@ -4,7 +4,11 @@ mirrorkit needs a little state per object: whether a strategy's per-step logs ar
 worker's own, the compiled all-reduce a strategy's stop flags go through, which epoch a
 ``fit``'s callbacks already began. It lives here, keyed weakly by the object, so no Keras or
 TensorFlow object carries an attribute of mirrorkit's, and the state goes when the object
-does.
+does. A value must not refer to its object, or it keeps the object alive (the mapping holds
+values strongly); the one that does, ``agreed_stop``'s compiled all-reduce of a
+``MultiWorkerMirroredStrategy``, keeps a strategy that lives for the process anyway. A patch,
+which refers to its object through the original it replaced, is held by the object instead
+(`mirrorkit.patching.instance`).
 
 Example:
 ```python

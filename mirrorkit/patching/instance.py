@@ -6,7 +6,12 @@ their chain in ``model.train_function``, ``mk.resumable`` writes its backup thro
 callback's ``_save_model``), it sets the attribute through `set_on`, which remembers what
 was there. ``mirrorkit.compat.describe()`` lists the ones in place beside the
 process-wide repairs, and ``mirrorkit.compat.disable()`` puts every original back
-(`remove_all`). An object that is gone takes its patches with it: they are held weakly.
+(`remove_all`).
+
+An object holds its own patches, in the one attribute mirrorkit adds to it
+(``_mirrorkit_patches``, gone with its last patch), and this module lists them weakly: a
+patch's original (a model's train function) refers to the object, so a patch held anywhere
+else would keep the object alive; held by the object, it goes with it.
 
 Example:
 ```python
@@ -75,8 +80,11 @@ class InstancePatch:
         return obj is not None and vars(obj).get(self.attribute, _ABSENT) is self.installed
 
 
-#: The patches made, in the order they were made (stale ones are dropped as they are met).
-_MADE: list[InstancePatch] = []
+#: The attribute of a patched object that holds its patches, by attribute name.
+HELD = "_mirrorkit_patches"
+
+#: The patches made, in the order they were made, held weakly (their objects hold them).
+_MADE: list[weakref.ref] = []
 
 
 def set_on(
@@ -111,11 +119,12 @@ def set_on(
         on_removed = on_removed or found.on_removed
     else:
         original = vars(obj).get(attribute, _ABSENT)
-    if found is not None:
-        _MADE.remove(found)
     setattr(obj, attribute, value)
     patch = InstancePatch(name, reason, attribute, weakref.ref(obj), original, value, on_removed)
-    _MADE.append(patch)
+    # Beside the object's own attributes, not through its __setattr__ (Keras tracks those).
+    vars(obj).setdefault(HELD, {})[attribute] = patch
+    _MADE[:] = [ref for ref in _MADE if ref() is not None and ref() is not found]
+    _MADE.append(weakref.ref(patch))
     return patch
 
 
@@ -127,11 +136,14 @@ def restore(patch: InstancePatch | None) -> None:
     Args:
         patch: what `set_on` returned (None: nothing to do).
     """
-    if patch is None or patch not in _MADE:
+    obj = None if patch is None else patch.owner()
+    if obj is None or _find(obj, patch.attribute) is not patch:
         return
-    _MADE.remove(patch)
-    obj = patch.owner()
-    if obj is None or not patch.in_place:
+    held = vars(obj)[HELD]
+    del held[patch.attribute]
+    if not held:
+        del vars(obj)[HELD]
+    if not patch.in_place:
         return
     if patch.original is _ABSENT:
         delattr(obj, patch.attribute)
@@ -162,22 +174,23 @@ def patched(obj: Any, attribute: str) -> InstancePatch | None:
 
 def in_place() -> list[InstancePatch]:
     """The patches in place now, in the order they were made."""
-    _MADE[:] = [p for p in _MADE if p.in_place]
-    return list(_MADE)
+    live = [ref() for ref in _MADE]
+    _MADE[:] = [ref for ref, patch in zip(_MADE, live, strict=True) if patch is not None]
+    return [patch for patch in live if patch is not None and patch.in_place]
 
 
 def remove_all() -> None:
     """Puts every original back, the last patch made first."""
-    for patch in reversed(in_place()):
-        obj = patch.owner()
-        restore(patch)
-        if patch.on_removed is not None and obj is not None:
+    for patch in reversed([ref() for ref in _MADE]):
+        obj = None if patch is None else patch.owner()
+        if obj is None:
+            continue
+        was_in_place = patch.in_place
+        restore(patch)  # forgets a patch Keras replaced since, too
+        if was_in_place and patch.on_removed is not None:
             patch.on_removed(obj)
     _MADE.clear()
 
 
 def _find(obj: Any, attribute: str) -> InstancePatch | None:
-    for patch in _MADE:
-        if patch.owner() is obj and patch.attribute == attribute:
-            return patch
-    return None
+    return vars(obj).get(HELD, {}).get(attribute)

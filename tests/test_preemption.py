@@ -25,8 +25,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from _quoted import assert_quoted_in, quoted_block
 
 TESTS = str(Path(__file__).parent)
+#: The page whose quoted outputs these jobs print.
+PAGE = "preemption.md"
 
 _SCRIPT = """
     import os, signal, sys, time
@@ -123,6 +126,8 @@ def test_sigterm_saves_at_one_step_and_the_next_launch_on_one_worker_resumes(tmp
     assert "SIGTERM: sent to 2 worker(s); waiting up to 30 s" in log
     assert re.search(r"worker \d was preempted \(SIGTERM\): every worker saved", log), log[-4000:]
     assert "RAN epoch 4" not in log, "the SIGTERM came too late to test anything"
+    assert_quoted_in(quoted_block(PAGE, "What you see"), log)
+    assert_quoted_in(quoted_block(PAGE, "A SIGTERM to the launcher first gives:"), log)
 
     resumed = subprocess.run(
         _command(tmp_path, 1, slow=False), capture_output=True, text=True, timeout=600, env=_env()
@@ -132,6 +137,8 @@ def test_sigterm_saves_at_one_step_and_the_next_launch_on_one_worker_resumes(tmp
     assert f"resuming from the preemption checkpoint at epoch {epoch} step {step}" in log, log
     assert f"RAN epoch {int(epoch) - 1} worker" not in log or epoch == "1"
     assert f"resuming with the checkpoint's shuffle seed {seed}" in log, log[-4000:]
+    assert_quoted_in(quoted_block(PAGE, "It resumes at that epoch *and step*"), log)
+    assert_quoted_in(quoted_block(PAGE, "(`seed=None`) is replayed too:"), log)
     reference = _uninterrupted(seed, str(tmp_path / "reference"))
     np.testing.assert_allclose(np.load(tmp_path / "final.npy"), reference, atol=1e-5)
 
@@ -154,6 +161,7 @@ def test_sigterm_before_fits_last_step_completes_the_job_and_says_so(tmp_path):
     )
     assert said == ["0"], log[-4000:]  # once, by the chief
     assert "fit completed instead, so there is nothing to resume" in log
+    assert_quoted_in(quoted_block(PAGE, "The chief says:"), log)
     assert not (tmp_path / "preempt").exists()
     seed = int(re.search(r"shuffling with seed (\d+)", log).group(1))
     reference = _uninterrupted(seed, str(tmp_path / "reference"))

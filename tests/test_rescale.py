@@ -18,6 +18,7 @@ import signal
 import keras
 import numpy as np
 import pytest
+from _quoted import assert_quoted_in, quoted_block
 
 import mirrorkit as mk
 from mirrorkit import distributed_data
@@ -126,11 +127,15 @@ def test_a_different_global_batch_on_resume_is_refused_unless_asked(
     ckpt = str(tmp_path / "preempt")
     with pytest.raises(SystemExit):
         _train(2, [lambda d: mk.PreemptionCheckpoint(ckpt, d), lambda d: _TermAt(0, 1)])
-    with pytest.raises(ValueError, match="saved with global batch 32, and this run's is 16"):
+    with pytest.raises(ValueError, match="saved with global batch 32, and this run's is 16") as e:
         _train(2, [lambda d: mk.PreemptionCheckpoint(ckpt, d)], global_batch=16)
+    refused = quoted_block("preemption.md", "Resuming with another global batch changes")
+    assert_quoted_in(refused, f"{e.type.__name__}: {e.value}")  # a traceback's last line
     _train(2, [lambda d: mk.PreemptionCheckpoint(ckpt, d, new_global_batch=True)], global_batch=16)
     said = capsys.readouterr()
     assert "resuming a checkpoint of global batch 32 with global batch 16" in said.err + said.out
+    quote = quoted_block("preemption.md", "the epoch continues after the examples it had already")
+    assert_quoted_in(quote, said.err + said.out)
 
 
 @pytest.mark.slow
@@ -168,7 +173,9 @@ def test_a_shuffled_stream_says_on_resume_that_its_orders_are_not_replayed(monke
     epoch_order.say_if_not_replayed(arrays)
     assert "resuming a shuffled streamed input" not in capfd.readouterr().err
     epoch_order.say_if_not_replayed(stream)
-    assert "resuming a shuffled streamed input" in capfd.readouterr().err
+    said = capfd.readouterr().err
+    assert "resuming a shuffled streamed input" in said
+    assert_quoted_in(quoted_block("resume.md", "A shuffled stream keeps TensorFlow's buffer"), said)
 
 
 @pytest.mark.slow
@@ -184,6 +191,7 @@ def test_resumable_says_a_drawn_seed_is_not_in_its_backup(tmp_path, monkeypatch,
     said = capfd.readouterr().err
     assert "resuming a shuffled input whose seed was drawn (seed=None)" in said, said
     assert "pass seed= to mk.distribute" in said
+    assert_quoted_in(quoted_block("resume.md", "With a drawn seed you see:"), said)
 
 
 class _OrdersRead(keras.callbacks.Callback):

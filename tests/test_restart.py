@@ -29,6 +29,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from _quoted import assert_quoted_in, quoted_block
 
 from mirrorkit.faults import resume_point
 from mirrorkit.faults.restart import Failure, exit_cause, run_with_restarts
@@ -174,6 +175,7 @@ def test_killed_worker_restarts_the_job_which_ends_equal_to_an_uninterrupted_run
     )
     assert said in log, log[-4000:]
     assert "the job finished after 1 restart(s)" in log
+    assert_quoted_in(quoted_block("resume.md", "starts the whole job again on fresh ports:"), log)
     # resumed from the backup at the end of epoch 1: epoch 2 redone, epoch 1 not
     assert "RAN epoch 2 attempt 1 worker 0" in log and "RAN epoch 1 attempt 1" not in log
     np.testing.assert_allclose(np.load(out), uninterrupted, rtol=0, atol=1e-6)
@@ -218,6 +220,7 @@ def test_chief_killed_at_each_point_of_its_backup_write_resumes_from_a_whole_pai
         assert f"RAN epoch {epoch - 1} attempt {attempt}" not in log, log[-4000:]
     said = "was cut short (its weights and epoch do not match): resuming from the previous one"
     assert said in log, log[-4000:]
+    assert_quoted_in(quoted_block("resume.md", "the last whole backup and says so"), log)
 
 
 @pytest.mark.multiprocess

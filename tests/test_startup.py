@@ -17,6 +17,7 @@ import textwrap
 import time
 
 import pytest
+from _quoted import assert_quoted_in, quoted_block
 
 from mirrorkit.cluster import cluster_info, tf_config
 from mirrorkit.exit_statuses import STARTUP_STOPPED
@@ -24,6 +25,9 @@ from mirrorkit.launcher.ports import free_ports, local_addresses
 from mirrorkit.strategies import peer_wait
 
 pytestmark = pytest.mark.waits  # most of each test is a peer that never starts
+
+#: The page whose quoted outputs these waits print.
+PAGE = "failures.md"
 
 
 def _two_workers() -> tuple[str, str]:
@@ -102,6 +106,8 @@ def test_missing_peer_ends_after_startup_timeout_naming_it_a_sigterm_to_it_alone
     assert "startup_timeout_s" in err and "Check that every task in TF_CONFIG" in err
     assert f"This process was stopped (exit status {STARTUP_STOPPED})." in err, err[-3000:]
     assert _group_gone(proc.pid), "a process of the job (the watcher?) is still alive"
+    assert_quoted_in(quoted_block(PAGE, "the chief reports every 5 s"), err)
+    assert_quoted_in(quoted_block(PAGE, "every waiting worker stops with"), err)
 
 
 def _signal_state(pid: int, sig: int) -> str:
@@ -121,7 +127,8 @@ def _signal_state(pid: int, sig: int) -> str:
     return f"{takers} thread(s) not blocking it:\n" + "\n".join(lines)
 
 
-def _signal_when_waiting(proc: subprocess.Popen, sig: int, to: str = "group") -> None:
+def _signal_when_waiting(proc: subprocess.Popen, sig: int, to: str = "group") -> str:
+    """What the waiting process printed on stderr after the signal."""
     _waiting_line(proc)
     state = _signal_state(proc.pid, sig)
     sent = time.monotonic()
@@ -144,6 +151,7 @@ def _signal_when_waiting(proc: subprocess.Popen, sig: int, to: str = "group") ->
     assert f"{name} received while worker 0 waited" in rest, rest[-3000:]
     assert "stopped the wait after" in rest and f"(exit status {STARTUP_STOPPED})." in rest, rest
     assert _group_gone(proc.pid)
+    return rest
 
 
 @pytest.mark.multiprocess
@@ -155,7 +163,9 @@ def _signal_when_waiting(proc: subprocess.Popen, sig: int, to: str = "group") ->
 def test_a_signal_ends_a_real_wait_at_once(sig, to):
     """SIGINT to the pid alone reaches the watcher through Python's wakeup descriptor."""
     config, _ = _two_workers()
-    _signal_when_waiting(_start(_CHIEF.format(timeout=60), config), sig, to)
+    said = _signal_when_waiting(_start(_CHIEF.format(timeout=60), config), sig, to)
+    if sig == signal.SIGINT:
+        assert_quoted_in(quoted_block(PAGE, "You see:"), said)
 
 
 @pytest.mark.multiprocess

@@ -29,6 +29,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from _quoted import assert_quoted_in, quoted_block
 from _two_hosts import Hosts
 
 TESTS = str(Path(__file__).parent)
@@ -235,6 +236,7 @@ def test_a_cut_link_ends_the_other_host_with_a_clear_error_and_a_relaunch_resume
         f"stopped; it lost contact with worker 1 at {addresses[1]} (--node-rank 1): that worker "
         "stopped answering" in said
     ), first.both_logs()
+    assert_quoted_in(quoted_block("failures.md", "On the host that kept its link:"), said)
     why = f" ({hosts.why_loopback})" if hosts.why_loopback else ""
     print(f"\n{hosts.mode}{why}: cut {cut - began:.0f} s in; host 0 raised {raised:.1f} s later")
     print(f"host 0's launcher ended {took:.1f} s after the cut")

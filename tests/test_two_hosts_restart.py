@@ -25,6 +25,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from _quoted import assert_quoted_in, quoted_block
 from _two_hosts import Hosts
 
 #: Most of each test is a wait: for the link to come back, or for start-up timeouts on a
@@ -185,6 +186,7 @@ def test_a_cut_link_restarts_the_job_which_resumes_once_the_link_is_back(hosts, 
         assert "Every worker on this host was stopped and starts again on the same port" in said
         assert "a script with keras.callbacks.BackupAndRestore resumes from its last backup" in said
     resumed = job.log(0)
+    assert_quoted_in(quoted_block("failures.md", "Each launcher says so:"), resumed)
     assert "RAN epoch 2 attempt 1 worker 0" in resumed, job.both_logs()
     assert "RAN epoch 1 attempt 1" not in resumed  # from the backup at the end of epoch 1
     _, err = reference.communicate(timeout=300)

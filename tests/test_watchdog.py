@@ -15,6 +15,7 @@ import textwrap
 import time
 
 import pytest
+from _quoted import assert_quoted_in, quoted_block
 
 from mirrorkit.exit_statuses import STEP_HUNG, TIMED_OUT
 
@@ -134,6 +135,8 @@ def test_worker_stuck_in_a_step_ends_the_launched_job_naming_it(tmp_path):
     assert "maybe_sleep" in log  # the stuck worker's stacks
     assert f"its hang watchdog: no training step completed for {HANG_S:g} s" in log
     assert time.monotonic() - started < 600  # start-up and tracing on a loaded machine
+    assert_quoted_in(quoted_block("failures.md", "every worker that has it prints"), log)
+    assert_quoted_in(quoted_block("failures.md", "The launcher then ends with exit status 43"), log)
     leftover = subprocess.run(
         ["pgrep", "-f", str(script)], capture_output=True, text=True, check=False
     ).stdout.split()

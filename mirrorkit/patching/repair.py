@@ -158,19 +158,35 @@ class Repair:
         return True
 
     def remove(self) -> None:
-        """Restores Keras's original (an inherited method is inherited again)."""
+        """Restores Keras's original (an inherited method is inherited again).
+
+        A repair that another repair of the same internal wraps comes off from under it: the
+        ones applied after it on that internal come off first and go back on after, so the
+        others stay in place whatever the order they were applied in.
+
+        Raises:
+            RuntimeError: something that is not a repair wraps this one.
+        """
         if self.active:
             owner, attr = self.owner, self.target.split(".")[-1]
-            if vars(owner).get(attr) is not self.installed:  # no other wrapper on top
+            if vars(owner).get(attr) is not self.installed:  # another wrapper on top
                 above = [
-                    r.name for r in _APPLIED[_APPLIED.index(self) + 1 :] if r.target == self.target
+                    r
+                    for r in _APPLIED[_APPLIED.index(self) + 1 :]
+                    if r.owner is owner and r.target.split(".")[-1] == attr
                 ]
-                raise RuntimeError(
-                    f"the '{self.name}' repair of {self.module}.{self.target} cannot come off "
-                    f"while another replacement wraps it ({', '.join(above) or 'not a repair'}): "
-                    "remove the patches of one internal in the reverse order they were applied "
-                    "(mirrorkit.compat.disable() does)"
-                )
+                if not above or vars(owner).get(attr) is not above[-1].installed:
+                    raise RuntimeError(
+                        f"the '{self.name}' repair of {self.module}.{self.target} cannot come "
+                        "off while a replacement that is not a repair wraps it: remove that "
+                        "first (mirrorkit.compat.disable() removes every repair)"
+                    )
+                for outer in reversed(above):
+                    outer.remove()
+                self.remove()
+                for outer in above:
+                    outer.apply()
+                return
             if self.owned:
                 setattr(owner, attr, self.original)
             else:

@@ -126,24 +126,23 @@ def test_disable_restores_keras_whatever_order_the_repairs_went_on_in():
 
 def test_a_repair_wrapped_by_another_comes_off_from_under_it():
     """Removing the inner of two repairs of one internal leaves the outer one in place."""
-    from keras.src.backend.tensorflow import trainer
-
     from mirrorkit.compat import one_device_loss, step_function
 
+    inner, outer = one_device_loss.REPAIRS[0], step_function.REPAIR  # both of _make_function
     compat.disable()
-    keras_own = trainer.TensorFlowTrainer._make_function
+    trainer, attr = outer._owner_and_attr()  # Keras's TensorFlow trainer (renamed in 3.16)
+    keras_own = vars(trainer)[attr]
     try:
         compat.enable(tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"]))
-        inner, outer = one_device_loss.REPAIRS[0], step_function.REPAIR  # one_device_step
         assert inner.name == "one_device_step" and inner.active and outer.active
-        assert trainer.TensorFlowTrainer._make_function is outer.installed  # applied second
+        assert vars(trainer)[attr] is outer.installed  # applied second, by name
         inner.remove()
         assert not inner.active and outer.active
-        assert trainer.TensorFlowTrainer._make_function is outer.installed
+        assert vars(trainer)[attr] is outer.installed
         assert outer.original is keras_own  # it now wraps Keras's own
         assert "step_function" in compat.active() and "one_device_step" not in compat.active()
         compat.disable()
-        assert trainer.TensorFlowTrainer._make_function is keras_own
+        assert vars(trainer)[attr] is keras_own
     finally:
         compat.disable()
         compat.enable()

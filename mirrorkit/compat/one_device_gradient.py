@@ -46,6 +46,7 @@ import tensorflow as tf
 
 from mirrorkit import internals
 from mirrorkit.cluster.workers import spans_replicas
+from mirrorkit.compat import one_device_loss
 from mirrorkit.patching import fit_step
 from mirrorkit.patching.repair import Repair
 
@@ -199,16 +200,7 @@ REPAIRS = (
         applies_to=spans_replicas,
         account="losses-in-your-own-train_step",
         tests=(
-            "tests/test_own_train_step.py::test_a_loss_reduced_by_hand_trains_at_twice_the_gradient_upstream",
-            "tests/test_own_train_step.py::test_a_loss_reduced_by_hand_trains_as_one_device",
-            "tests/test_own_train_step.py::test_tf_nn_compute_average_loss_in_a_step_trains_as_one_device",
-            "tests/test_own_train_step.py::test_a_summed_loss_trains_as_one_device",
-            "tests/test_own_train_step.py::test_a_custom_loop_outside_fit_keeps_tensorflow_contract",
-            "tests/test_check_equivalence.py::test_custom_train_steps_that_average_by_hand_or_log_keras_losses_pass",
-            "tests/test_check_equivalence.py::test_the_guide_step_logs_one_device_loss_and_is_told_so",
-            "tests/test_keras_io_examples.py::test_own_training_steps_on_two_workers_as_one_device[custom_train_step]",
-            "tests/test_keras_io_examples.py::test_own_training_steps_on_two_workers_as_one_device[knowledge_distillation]",
-            "tests/test_keras_io_examples.py::test_own_training_steps_on_two_workers_as_one_device[subclassing_add_loss]",
+            *one_device_loss.TESTS,  # the same failure: a loss reduced by hand
             "tests/test_clipping.py::test_fit_clips_the_averaged_gradient_as_one_device",
             "tests/test_sparse_gradients.py::test_keras_alone_squares_each_replicas_slice",
             "tests/test_sparse_gradients.py::test_a_dense_layer_on_sparse_inputs_trains_as_one_device",

@@ -107,7 +107,7 @@ def _regularization_as_one_device(original):
 #: The failure's account on the Keras repairs page (docs: compat/), and the tests of
 #: this module's repairs (docs: development/#repairs-and-tests is made from them).
 _ACCOUNT = "losses-in-your-own-train_step"
-_TESTS = (
+TESTS = (
     "tests/test_own_train_step.py::test_a_loss_reduced_by_hand_trains_at_twice_the_gradient_upstream",
     "tests/test_own_train_step.py::test_a_loss_reduced_by_hand_trains_as_one_device",
     "tests/test_own_train_step.py::test_tf_nn_compute_average_loss_in_a_step_trains_as_one_device",
@@ -130,7 +130,7 @@ def _repair(name: str, module: str, target: str, replacement) -> Repair:
         replacement=replacement,
         applies_to=spans_replicas,
         account=_ACCOUNT,
-        tests=_TESTS,
+        tests=TESTS,
     )
 
 

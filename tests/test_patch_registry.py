@@ -248,3 +248,102 @@ def _small_model():
     model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(2)])
     model.compile(optimizer="adam", loss="mse")
     return model
+
+
+class _Trainer:
+    """Stands for a Keras class whose method two repairs replace."""
+
+    def make(self):
+        return ["keras"]
+
+
+def _toy_repair(name: str, place: int):
+    """A repair of `_Trainer.make` that puts its name before what the one it wraps makes."""
+    from mirrorkit.patching.repair import Repair
+
+    def replacement(original):
+        def make(self):
+            return [name, *original(self)]
+
+        make.__wrapped__ = original
+        return make
+
+    return Repair(
+        name=name,
+        upstream="a test",
+        module=__name__,
+        target="_Trainer.make",
+        replacement=replacement,
+        applies_to=lambda strategy: True,
+        place=place,
+    )
+
+
+@pytest.mark.parametrize("first", ["inner", "outer"])
+def test_two_repairs_of_one_internal_wrap_each_other_by_place_whatever_order_they_come_and_go(
+    first,
+):
+    """One owner composes the repairs of one attribute by `Repair.place`: the one with the
+    higher place is what is called, whichever was applied first or is removed first."""
+    inner, outer = _toy_repair("inner", 0), _toy_repair("outer", 1)
+    keras_own = vars(_Trainer)["make"]
+    coming = [inner, outer] if first == "inner" else [outer, inner]
+    try:
+        for repair in coming:
+            assert repair.apply()
+        assert _Trainer().make() == ["outer", "inner", "keras"]
+        assert vars(_Trainer)["make"] is outer.installed
+        assert outer.original is inner.original is keras_own
+        coming[0].remove()  # the first applied comes off first: the other stays, alone
+        assert _Trainer().make() == [coming[1].name, "keras"]
+        coming[0].apply()
+        assert _Trainer().make() == ["outer", "inner", "keras"]
+        coming[1].remove()
+        assert _Trainer().make() == [coming[0].name, "keras"]
+        coming[0].remove()
+        assert vars(_Trainer)["make"] is keras_own
+    finally:
+        inner.remove()
+        outer.remove()
+
+
+def test_a_repair_of_an_internal_something_else_replaced_says_so():
+    """A replacement that is not a repair, on top of one: changing the repairs under it would
+    drop it, so the repair raises instead; two repairs that declare one place raise too."""
+    inner, outer, clash = _toy_repair("inner", 0), _toy_repair("outer", 1), _toy_repair("c", 0)
+    keras_own = vars(_Trainer)["make"]
+    inner.apply()
+    try:
+        with pytest.raises(ValueError, match=r"declare places \[0, 0\]"):
+            clash.apply()
+        assert not clash.active and _Trainer().make() == ["inner", "keras"]
+        someone_elses = vars(_Trainer)["make"]
+        _Trainer.make = lambda self: ["user", *someone_elses(self)]
+        with pytest.raises(RuntimeError, match="'outer' repair .* cannot change while"):
+            outer.apply()
+        assert not outer.active and _Trainer().make() == ["user", "inner", "keras"]
+        _Trainer.make = someone_elses
+    finally:
+        inner.remove()
+    assert vars(_Trainer)["make"] is keras_own
+
+
+def test_repairs_of_the_same_internal_declare_their_order():
+    """Every internal that two of mirrorkit's repairs replace: each declares its own place."""
+    import collections
+
+    from mirrorkit import compat
+    from mirrorkit.patching import repair
+    from mirrorkit.scale import fit_notices
+    from mirrorkit.training import step_chain
+
+    every = [*compat.REPAIRS, *compat.ON_DEMAND, *repair.declared(), step_chain.REPAIR]
+    assert fit_notices.REPAIR in every
+    by_internal = collections.defaultdict(dict)
+    for one in every:
+        by_internal[(one.module, one.target)][one.name] = one
+    shared = {target: ones for target, ones in by_internal.items() if len(ones) > 1}
+    assert shared, "no two repairs share an internal: this test checks nothing"
+    for (_module, target), ones in shared.items():
+        places = [one.place for one in ones.values()]
+        assert len(set(places)) == len(places), (target, {n: o.place for n, o in ones.items()})

@@ -31,10 +31,9 @@ from mirrorkit.patching.repair import SCOPED, Repair
 def _declared_in_modules() -> tuple[Repair, ...]:
     """The repairs this package's modules declare, ordered by name (as `active` lists them).
 
-    `enable` applies them in this order. Two repairs of one internal wrap each other in
-    that order (``one_device_step`` inside ``step_function``, both of
-    ``TensorFlowTrainer._make_function``); each passes its arguments on to the one it wraps,
-    so the order does not change what they do.
+    `enable` applies them in this order. Two repairs of one internal (``one_device_step``
+    and ``step_function``, both of ``TensorFlowTrainer._make_function``) wrap each other by
+    their declared `Repair.place`, whatever order they are applied in.
     """
     found: list[Repair] = []
     for module_info in sorted(pkgutil.iter_modules(__path__), key=lambda info: info.name):
@@ -98,11 +97,9 @@ def disable() -> None:
 
     The patches of single objects first (a model's train function under the step hooks,
     `NaNGuard`'s loss record, ``mk.resumable``'s backup), then the scoped ones
-    (``ThroughputCallback``'s input clock), then the process-wide repairs. Repairs that
-    replace the same internal wrap one another in the order they were applied (which
-    `enable` for one strategy, then another, or a part of mirrorkit used first, decides),
-    so they come off in the reverse order. A callback still installed keeps its state but
-    no longer acts on Keras: call ``disable`` between ``fit`` calls, not inside one.
+    (``ThroughputCallback``'s input clock), then the process-wide repairs. A callback still
+    installed keeps its state but no longer acts on Keras: call ``disable`` between ``fit``
+    calls, not inside one.
     """
     _instance.remove_all()
     for scoped in reversed(list(SCOPED)):

@@ -129,6 +129,7 @@ REPAIR = Repair(
     target="TensorFlowTrainer._make_function",
     replacement=_replacement,
     applies_to=spans_replicas,
+    place=1,  # above one_device_step: the trainer's tf is the proxy while that one runs too
     account="steps_per_execution",
     tests=(
         "tests/test_compat.py::test_steps_per_execution_fails_upstream",

@@ -1,8 +1,9 @@
 """How mirrorkit changes Keras and TensorFlow: one mechanism, below every feature that uses it.
 
 - `repair`: `Repair`, one reversible replacement of an attribute of a Keras or TensorFlow
-  module or class, with its reason, the strategies it applies to and its canary; the
-  repairs in place in the order they were applied (`applied`), and the scoped ones
+  module or class, with its reason, the strategies it applies to and its canary; one
+  owner per replaced attribute, which composes the repairs of it by their declared place;
+  the repairs in place in the order they were applied (`applied`), and the scoped ones
   (`SCOPED`, `scoped`) a part of mirrorkit keeps in place while it runs.
 - `instance`: a patch of one object (a model's train function, an optimizer's
   all-reduce, a callback's method), which ``compat.describe`` lists and

@@ -6,6 +6,10 @@ of mirrorkit needs for a while (``ThroughputCallback``'s input clock while it is
 installed, the step compiler during a trace, a strategy's collective keys during
 its construction) through `scoped` / `apply_scoped`, which keep them listed in
 ``compat.active()`` while they are in place.
+
+Each attribute that process-wide repairs replace has one owner (`_Internal`): where two
+repairs need the same Keras function, it composes their replacements by their declared
+`Repair.place`, never in the order they happened to be applied.
 """
 
 from __future__ import annotations
@@ -44,7 +48,8 @@ class Repair:
         upstream: the upstream issue it repairs (its account: docs: compat/).
         module: the dotted module holding the target.
         target: ``"Class.method"`` or ``"function"`` inside `module`.
-        replacement: builds the replacement from the original.
+        replacement: builds the replacement from the function it wraps (built again when
+            another repair of the same internal comes or goes).
         applies_to: whether a given strategy needs it.
         needed: whether the installed Keras still has the bug (its canary, read
             from Keras's own code); when it returns False the repair steps
@@ -62,6 +67,11 @@ class Repair:
             repair steps aside, as when `needed` returns False. Empty: not fixed yet.
         feature: for a patch that repairs no upstream bug, the part of mirrorkit that needs
             it (``"mk.distribute's one iterator per fit"``); such a patch needs no canary.
+        place: where its replacement goes among the repairs of the same internal: the
+            lowest wraps Keras's own function, the highest is what Keras calls. One
+            `_Internal` owns each replaced attribute and composes its repairs by place,
+            whatever order they are applied or removed in; two repairs of one internal
+            must declare different places.
     """
 
     name: str
@@ -75,10 +85,13 @@ class Repair:
     tests: tuple[str, ...] = ()
     fixed_in: str = ""
     feature: str = ""
+    place: int = 0
+    #: Keras's own function under it (None while the repair is not in place).
     original: Any = None
     #: Whether the owner held the target itself (not inherited from a base class).
     owned: bool = True
-    #: The replacement `apply` put in place (None while the repair is not in place).
+    #: This repair's replacement in its internal's composition (the attribute itself when it
+    #: has the highest place); None while the repair is not in place.
     installed: Any = None
     #: The module or class `apply` replaced the attribute of: `remove` restores it there,
     #: even if the dotted path names another object by then (``tensorflow.nn`` is one module
@@ -133,7 +146,12 @@ class Repair:
         return _release(keras.__version__) >= _release(self.fixed_in)
 
     def apply(self) -> bool:
-        """Puts the replacement in place; returns False if it already was, or is not needed."""
+        """Puts the replacement in place; returns False if it already was, or is not needed.
+
+        Raises:
+            RuntimeError: something that is not a repair replaced the internal since another
+                repair of it was applied.
+        """
         if self.active or self.fixed_upstream or not self.needed():
             return False
         try:
@@ -147,62 +165,104 @@ class Repair:
                 "what it repairs fails as in plain Keras",
             )
             return False
-        original = getattr(owner, attr)
-        replacement = self.replacement(original)  # may raise InternalChangedError
-        self.original = original
-        self.owned = attr in vars(owner)
-        self.installed = replacement
+        internal = _INTERNALS.get((id(owner), attr)) or _Internal(owner, attr)
+        internal.compose([*internal.repairs, self], self)  # may raise InternalChangedError
+        _INTERNALS[(id(owner), attr)] = internal
+        self.original = internal.original
+        self.owned = internal.owned
         self.owner = owner
-        setattr(owner, attr, replacement)
         _APPLIED.append(self)
         return True
 
     def remove(self) -> None:
-        """Restores Keras's original (an inherited method is inherited again).
+        """Takes the replacement away; Keras's original is back when it was the last one.
 
-        A repair that another repair of the same internal wraps comes off from under it: the
-        ones applied after it on that internal come off first and go back on after, so the
-        others stay in place whatever the order they were applied in.
+        The other repairs of the same internal stay, composed by place as before.
 
         Raises:
-            RuntimeError: something that is not a repair wraps this one.
+            RuntimeError: something that is not a repair replaced the internal since.
         """
-        if self.active:
-            owner, attr = self.owner, self.target.split(".")[-1]
-            if vars(owner).get(attr) is not self.installed:  # another wrapper on top
-                above = [
-                    r
-                    for r in _APPLIED[_APPLIED.index(self) + 1 :]
-                    if r.owner is owner and r.target.split(".")[-1] == attr
-                ]
-                if not above or vars(owner).get(attr) is not above[-1].installed:
-                    raise RuntimeError(
-                        f"the '{self.name}' repair of {self.module}.{self.target} cannot come "
-                        "off while a replacement that is not a repair wraps it: remove that "
-                        "first (mirrorkit.compat.disable() removes every repair)"
-                    )
-                for outer in reversed(above):
-                    outer.remove()
-                self.remove()
-                for outer in above:
-                    outer.apply()
-                return
-            if self.owned:
-                setattr(owner, attr, self.original)
-            else:
-                delattr(owner, attr)
-            self.original = None
-            self.installed = None
-            self.owner = None
-            _APPLIED.remove(self)
+        if not self.active:
+            return
+        key = (id(self.owner), self.target.split(".")[-1])
+        internal = _INTERNALS[key]
+        internal.compose([r for r in internal.repairs if r is not self], self)
+        if not internal.repairs:
+            del _INTERNALS[key]
+        self.original = None
+        self.installed = None
+        self.owner = None
+        _APPLIED.remove(self)
+
+
+class _Internal:
+    """One replaced attribute of Keras or TensorFlow, and the repairs composed over it.
+
+    It is the attribute's one owner: it keeps Keras's original and puts in place the
+    replacements of its repairs, each wrapping the one below it by `Repair.place`, so that
+    what Keras calls does not depend on the order the repairs came in or went in.
+
+    Args:
+        owner: the module or class holding the attribute.
+        attr: the attribute's name.
+    """
+
+    def __init__(self, owner: Any, attr: str):
+        self.owner = owner
+        self.attr = attr
+        self.original = getattr(owner, attr)
+        #: Whether the owner held the attribute itself (not inherited from a base class).
+        self.owned = attr in vars(owner)
+        self.repairs: list[Repair] = []
+        self.installed: Any = None
+
+    def compose(self, repairs: list[Repair], changing: Repair) -> None:
+        """Puts `repairs` in place over the original, by place (Keras's own when none).
+
+        Args:
+            repairs: the repairs of this attribute from now on.
+            changing: the repair being applied or removed, for the error.
+
+        Raises:
+            RuntimeError: the attribute is no longer what this owner put there.
+            ValueError: two of `repairs` declare the same place.
+        """
+        if self.repairs and vars(self.owner).get(self.attr) is not self.installed:
+            raise RuntimeError(
+                f"the '{changing.name}' repair of {changing.module}.{changing.target} cannot "
+                "change while a replacement that is not a repair wraps it: remove that first "
+                "(mirrorkit.compat.disable() removes every repair)"
+            )
+        ordered = sorted(repairs, key=lambda repair: repair.place)
+        places = [repair.place for repair in ordered]
+        if len(set(places)) < len(places):
+            raise ValueError(
+                f"repairs {[r.name for r in ordered]} of {changing.module}.{changing.target} "
+                f"declare places {places}: give each its own place (Repair.place) so that "
+                "their order is declared"
+            )
+        function, layers = self.original, []
+        for repair in ordered:  # each wraps the one below it; may raise InternalChangedError
+            function = repair.replacement(function)
+            layers.append(function)
+        for repair, layer in zip(ordered, layers, strict=True):
+            repair.installed = layer
+        if ordered:
+            setattr(self.owner, self.attr, function)
+        elif self.owned:
+            setattr(self.owner, self.attr, self.original)
+        else:
+            delattr(self.owner, self.attr)
+        self.repairs, self.installed = ordered, function if ordered else None
 
 
 #: The scoped repairs in place now, in the order they were applied.
 SCOPED: list[Repair] = []
 
-#: The repairs `Repair.apply` put in place, in the order it did: two repairs of one internal
-#: wrap each other in that order, so they come off in the reverse (`applied`).
+#: The repairs `Repair.apply` put in place, in the order it did (`applied`).
 _APPLIED: list[Repair] = []
+#: The owner of each replaced attribute, by (id of its module or class, attribute name).
+_INTERNALS: dict[tuple[int, str], _Internal] = {}
 
 
 def applied() -> list[Repair]:

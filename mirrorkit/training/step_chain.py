@@ -38,6 +38,7 @@ REPAIR = Repair(
     target="TensorFlowTrainer.make_train_function",
     replacement=_replacement,
     applies_to=lambda strategy: True,
+    place=1,  # above fit_notices: what the chain takes in is the function Keras made
     applied_when="with the first step hook (ThroughputCallback, NaNGuard, PreemptionCheckpoint)",
     feature="the step hooks kept around a re-traced train function",
     account="the-step-chain",

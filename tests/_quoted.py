@@ -13,6 +13,10 @@ The line before such a block on the page says which test compares it, as MODULE.
 page names no ``tests/`` path: ``tests/test_docs_prose.py``)::
 
     <!-- compared by test_slurm.test_the_sbatch_example_trains_as_one_device -->
+
+A block inside an admonition (``!!! note``, ``???``) is indented; its comment has the fence's
+indentation, and the block's lines are compared without it. ``tests/test_quoted_outputs.py``
+lists every output block of the user pages and requires each to be compared or listed there.
 """
 
 from __future__ import annotations
@@ -23,7 +27,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 #: The comment on the line before a compared block: the test module (under tests/) and test.
-MARKER = re.compile(r"^<!-- compared by (?P<module>test_\w+)\.(?P<test>test_\w+) -->\s*$")
+MARKER = re.compile(
+    r"^(?P<indent> *)<!-- compared by (?P<module>test_\w+)\.(?P<test>test_\w+) -->\s*$"
+)
 
 
 @dataclass(frozen=True)
@@ -47,13 +53,17 @@ def quoted_block(page: str, after: str) -> Quote:
     start = next(j for j in range(at + 1, len(lines)) if lines[j].lstrip().startswith("```"))
     end = next(j for j in range(start + 1, len(lines)) if lines[j].lstrip().startswith("```"))
     where = f"docs/{page}:{start + 1}"
+    indent = lines[start][: len(lines[start]) - len(lines[start].lstrip())]
     marker = MARKER.match(lines[start - 1])
-    assert marker, f"{where}: a compared block has `<!-- compared by MODULE.TEST -->` before it"
+    assert marker and marker["indent"] == indent, (
+        f"{where}: a compared block has `<!-- compared by MODULE.TEST -->` before it, "
+        "indented as its fence"
+    )
     module = ROOT / "tests" / f"{marker['module']}.py"
     assert module.exists() and f"def {marker['test']}(" in module.read_text(), (
         f"{where}: its comment names {marker['module']}.{marker['test']}, which is no test"
     )
-    return Quote(lines[start + 1 : end], where)
+    return Quote([line.removeprefix(indent) for line in lines[start + 1 : end]], where)
 
 
 def assert_quoted_in(quote: Quote, output: str) -> None:

@@ -1,0 +1,357 @@
+"""Every output block on a user page is compared with what its program prints, or listed here.
+
+A page that quotes a count or a message goes stale when the program changes, unless a test
+runs the program and compares (``tests/_quoted.py``). This file makes the quotes that are not
+compared yet visible, and keeps their list from growing:
+
+- **The pages**: the user pages of ``tests/test_docs_prose.py`` (every page under ``docs/``
+  but the API reference and the four builders' pages). Benchmarks, Development, Architecture
+  and the Changelog are left out: Benchmarks quotes measurements of one machine on one date
+  (its figures are evidence, not promises), Architecture draws diagrams in untagged blocks,
+  and Development and the Changelog quote no program.
+- **An output block** is a fenced block tagged ``text`` or not tagged at all. What a reader
+  types or writes is tagged with its language (``python``, ``bash``, ``yaml``, ``json``,
+  ``toml``, ``dockerfile``, ``diff``), and every user page keeps to that: an untagged block
+  is what a program printed, a transcript (``$ command`` and what it printed) included. A
+  file a program writes and the page shows in its language (``throughput.json``) is not
+  counted.
+- **Compared** means the line before the fence (at the fence's indentation) is
+  ``<!-- compared by MODULE.TEST -->``, naming a test whose body calls
+  ``quoted_block(PAGE, AFTER)`` for this very block; or the last line before it that is not
+  blank is ``<!-- printed by the example above -->``, which
+  ``test_doc_examples.test_a_quoted_output_is_what_its_example_prints`` compares with what
+  the page's python example above it prints.
+- **Every other output block is in `NOT_COMPARED_YET`**, keyed ``page:first words`` (the
+  first line that is not blank, ``...`` or a ``$ command``, whitespace collapsed, cut at 60
+  characters), with why it is not compared. The test fails on an output block that is
+  neither (compare it, or list it with a reason), and on a listed key whose block is now
+  compared or gone (take it off the list), so the list only shrinks.
+
+Run this file with Python to print the counts, by reason::
+
+    python tests/test_quoted_outputs.py
+"""
+
+from __future__ import annotations
+
+import ast
+import collections
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from _quoted import MARKER
+from test_docs_prose import user_pages
+
+ROOT = Path(__file__).resolve().parent.parent
+TESTS = ROOT / "tests"
+
+_FENCE = re.compile(r"^(?P<indent> *)```(?P<tag>\S*)")
+_PRINTED = re.compile(r"^(?P<indent> *)<!-- printed by the example above -->\s*$")
+#: The tags of output blocks: ``text``, or none.
+OUTPUT_TAGS = ("", "text")
+KEY_LENGTH = 60
+
+# Why a block is not compared yet; the part before the first ";" is the reason's kind.
+#: mirrorkit prints it, and no test compares it yet: the list's to-do.
+NOT_YET = "mirrorkit prints it, and no test compares it yet"
+#: The situation it quotes is set up by no test.
+NO_RUN = "no test sets up the situation it quotes"
+#: Keras's, TensorFlow's or a cluster engine's words, which mirrorkit does not print.
+NOT_OURS = "another program's output, not mirrorkit's"
+#: A template (``NODE``, hosts ``a`` and ``b``), not one run's output.
+TEMPLATE = "a template, not one run's output"
+#: Figures from one run on one machine (a throughput, a time, a loss) that vary run to run.
+MEASURED = "figures measured in one run, which vary"
+#: What another Keras/TensorFlow pair than the installed one prints.
+OTHER_VERSIONS = "output under another version pair than the installed one"
+COMPAT = "compat.md: left for the repairs' canaries"
+KINDS = (NOT_YET, NO_RUN, NOT_OURS, TEMPLATE, MEASURED, OTHER_VERSIONS, COMPAT)
+
+#: Output blocks not compared yet, and why: this list only shrinks.
+NOT_COMPARED_YET: dict[str, str] = {
+    "absl-flags.md:FATAL Flags parsing error: flags batch_size=256, per_replica": NOT_YET,
+    "absl-flags.md:mirrorkit: this script's default --bucket_mb 25 is not used:": NOT_YET,
+    "clusters/kubeflow.md:mirrorkit: MultiWorkerMirroredStrategy, 2 replicas on 2 work": NOT_YET,
+    "clusters/kubeflow.md:evaluator: held-out loss 0.8102, accuracy 0.6895": MEASURED,
+    "clusters/kubeflow.md:TF_CONFIG field 'cluster.master' names an unknown job type; ": NOT_YET,
+    "clusters/ray.md:mirrorkit: TF_USE_LEGACY_KERAS=1 is set (Ray Train sets it);": NOT_YET,
+    "clusters/sagemaker.md:mirrorkit: WARNING: SageMaker started 2 hosts (SM_HOSTS=algo": NOT_YET,
+    "clusters/slurm.md:mirrorkit: Slurm: the step's 2 tasks on NODE share the 4 GPU": TEMPLATE,
+    "clusters/slurm.md:Epoch 22/40": NO_RUN,
+    "compat.md:mirrorkit: 25 Keras repairs active (keras 3.15.1); mirrorkit": COMPAT,
+    "compat.md:mirrorkit uses the private internal keras <module>.<target> ": COMPAT,
+    "compat.md:tested range TensorFlow 2.21.0, Keras 3.15.1: inside the tes": COMPAT,
+    "compat.md:[]": COMPAT,
+    "compat.md:mirrorkit: TensorFlow <version> / Keras <version> is newer t": COMPAT,
+    "compat.md:ValueError: Attempt to convert a value (PerReplica:{...}) ..": COMPAT,
+    "compat.md:Invalid reduction dimension 0 for input with 0 dimensions": COMPAT,
+    "compat.md:You must feed a value for placeholder tensor 'while/cond/Pla": COMPAT,
+    "compat.md:Trying to access resource ... located in device CPU:1 from d": COMPAT,
+    "compat.md:mirrorkit: jit_compile=True: XLA cannot compile a step that ": COMPAT,
+    "compat.md:We failed to lift variable creations out of this tf.function": COMPAT,
+    "compat.md:mirrorkit: jit_compile=True: XLA cannot compile predict's st": COMPAT,
+    "compat.md:mirrorkit: VAE overrides train_step: inside fit, mirrorkit m": COMPAT,
+    "compat.md:mirrorkit: <count> BatchNormalization layer(s) (<their names": COMPAT,
+    "compat.md:ValueError: Only input tensors may be passed as positional a": COMPAT,
+    "compat.md:ValueError: Sequential was built outside any strategy's scop": COMPAT,
+    "compat.md:AttributeError: 'DistributedDatasetSpec' object has no attri": COMPAT,
+    "compat.md:RuntimeError: the workers of one multi-worker job must train": COMPAT,
+    "compat.md:`merge_call` called while defining a new graph": COMPAT,
+    "compat.md:ValueError: gradient_accumulation_steps together with use_em": COMPAT,
+    "compat.md:mirrorkit: TensorBoard writes from the chief only; the other": COMPAT,
+    "compat.md:mirrorkit: worker(s) 1 set model.stop_training at the end of": COMPAT,
+    "compat.md:mirrorkit: resuming a shuffled input whose seed was drawn (s": COMPAT,
+    "compat.md:mirrorkit: EarlyStopping monitors 'm', which differs between": COMPAT,
+    "compat.md:ValueError: EarlyStopping(monitor='m') cannot make the same ": COMPAT,
+    "compat.md:mirrorkit: model.save/save_weights/export on the workers tha": COMPAT,
+    "compat.md:mirrorkit: tf.saved_model.save (keras.export.ExportArchive.w": COMPAT,
+    "compat.md:AttributeError: 'DistributedDataset' object has no attribute": COMPAT,
+    "compat.md:mirrorkit: fit(class_weight=...) on an mk.distribute dataset": COMPAT,
+    "compat.md:mirrorkit: fit's x is a dataset distributed without mk.distr": COMPAT,
+    "compat.md:ValueError: Argument validation_split is only supported for ": COMPAT,
+    "compat.md:ValueError: fit(validation_split=0.2) splits NumPy arrays or": COMPAT,
+    "failures.md:mirrorkit: worker 1 killed by SIGKILL; the other workers on ": NOT_YET,
+    "guards.md:NaNGuard: non-finite loss and gradient at step 6 (optimizer ": NOT_YET,
+    "guards.md:mirrorkit: ReplicaSyncCheck: 2 check(s), median 192.59 ms ea": MEASURED,
+    "guards.md:ReplicaSyncCheck after step 8: variable 'sequential/dense/bi": NOT_YET,
+    "index.md:mirrorkit: ... Keras repairs active (keras 3.15.1); mirrorki": NOT_YET,
+    "index.md:mirrorkit demo: --dataset 'mnist' is not prepared in '/data/": NOT_YET,
+    "index.md:RuntimeError: The model was made under MirroredStrategy's sc": NOT_YET,
+    "inputs.md:mirrorkit: data is already batched with batch size 64, the g": NOT_YET,
+    "inputs.md:mirrorkit: data was already batched (batch size 63); mk.dist": NOT_YET,
+    "inputs.md:ValueError: data is already batched with padded_batch (batch": NOT_YET,
+    "inputs.md:ValueError: global_batch_size=63 does not divide among 2 rep": NOT_YET,
+    "inputs.md:mirrorkit: shuffling with seed 279777926; pass seed=27977792": NOT_YET,
+    "inputs.md:mirrorkit: each epoch uses 960 of 1000 examples: the last 40": NOT_YET,
+    "inputs.md:mirrorkit: each epoch uses 960 of 999 examples: the last bat": NOT_YET,
+    "inputs.md:mirrorkit: WARNING: this dataset already takes one shard of ": NOT_YET,
+    "inputs.md:mirrorkit: the number of batches in data is unknown (a filte": NOT_YET,
+    "inputs.md:mirrorkit: data is .cache()d after it is shuffled (e.g. text": NOT_YET,
+    "inputs.md:mirrorkit: mk.distribute cannot tell whether data is already": NOT_YET,
+    "keras-code.md:mirrorkit: MirroredStrategy, 2 replicas on 1 worker (CPU:0-1": NOT_YET,
+    "keras-code.md:ValueError: all_reduce='nccl' needs GPUs, and these replicas": NOT_YET,
+    "multi-worker.md:mirrorkit: workers did not finish within 3600 s: worker(s) 0": NOT_YET,
+    "multi-worker.md:mirrorkit: WARNING: could not make a private network namespa": NOT_YET,
+    "multi-worker.md:mirrorkit: workers reach this machine's 127.0.0.1:5000 at th": NOT_YET,
+    "multi-worker.md:mirrorkit: workers 2-3 of 4 on this host; cluster a:29470, a": TEMPLATE,
+    "multi-worker.md:cluster TF_CONFIG: 3 workers, this is worker 0, worker rank ": NOT_YET,
+    "multi-worker.md:TF_CONFIG names a 'ps' job: that is a parameter-server layou": NOT_YET,
+    "multi-worker.md:mirrorkit: WARNING: SageMaker started 2 hosts (SM_HOSTS=algo": NOT_YET,
+    "notebook.md:RuntimeError: cpu_replicas=2 was asked for, but TensorFlow h": NOT_YET,
+    "notebook.md:mirrorkit: TensorFlow's INFO log is kept at WARNING in this ": NOT_YET,
+    "own-train-step.md:mirrorkit: 2 BatchNormalization layer(s) (batch_normalizatio": NOT_YET,
+    "own-train-step.md:ValueError: Sequential was built outside any strategy's scop": NOT_YET,
+    "own-train-step.md:- custom compute_loss (InBatch.compute_loss): a loss that co": NOT_YET,
+    "preemption.md:mirrorkit: resuming a shuffled streamed input (a tf.data pip": NOT_YET,
+    "preemption.md:mirrorkit: SIGTERM: the workers had not ended 30 s after it ": NOT_YET,
+    "resume.md:mirrorkit: the only backup in run1/backup was cut short (its": NOT_YET,
+    "resume.md:mirrorkit: worker 0 failed with exit code 1 at epoch 2 step ": NOT_YET,
+    "resume.md:mirrorkit: resuming from keras.callbacks.BackupAndRestore(sa": NOT_YET,
+    "scale.md:mirrorkit: jit_compile=True: XLA cannot compile a step that ": NOT_YET,
+    "scale.md:mirrorkit: jit_compile=True: XLA cannot compile predict's st": NOT_YET,
+    "scale.md:mirrorkit: 1 BatchNormalization layer(s) (batch_normalizatio": NOT_YET,
+    "scale.md:equivalence PASSED: 10 steps of global batch 32 on 1, 2, 4 r": NOT_YET,
+    "scale.md:equivalence FAILED: 10 steps of global batch 32 on 1, 2 repl": NOT_YET,
+    "scale.md:memory per replica at per-replica batch 1024:": MEASURED,
+    "scenarios.md:test accuracy 0.9554 (loss 0.0935) on 359 held-out digits; 2": MEASURED,
+    "scenarios.md:[w0] 64,285 words in 79 topics; vocabulary 2,003; 12,584 tra": NOT_YET,
+    "scenarios.md:[w0] worker 0 of 2 reads 4 of 8 files: interactions-00000, i": NOT_YET,
+    "scenarios.md:[w0] recall@10 0.5345 (popularity baseline 0.1845) on 2,000 ": MEASURED,
+    "throughput.md:epoch 1: 36,389.6 examples/s (18,194.8 per replica x 2), ste": MEASURED,
+    "throughput.md:Throughput: 2 replicas on 1 worker(s), global batch 256": MEASURED,
+    "throughput.md:[w0] epoch 1: 165,699.8 examples/s (82,849.9 per replica x 2": MEASURED,
+    "throughput.md:epoch 1: 5,259.4 examples/s (2,629.7 per replica x 2), step ": MEASURED,
+    "throughput.md:epoch 2: 8,125.0 examples/s (4,062.5 per replica x 2), step ": MEASURED,
+    "throughput.md:epoch 2: 26,800.1 examples/s (13,400.1 per replica x 2), ste": MEASURED,
+    "throughput.md:[w0] epoch 2: 30,337.7 examples/s (15,168.8 per replica x 2)": MEASURED,
+    "throughput.md:Throughput: 2 replicas on 1 worker(s), global batch 8": MEASURED,
+    "throughput.md:epoch 2: slow replica: replica 1 works 36.1 ms a step, the o": MEASURED,
+    "throughput.md:replicas workers pinned examples/s per replica efficiency": MEASURED,
+    "troubleshooting.md:WARNING: All log messages before absl::InitializeLog() is ca": NOT_OURS,
+    "troubleshooting.md:E0000 ... UNAVAILABLE: Failed to send RPC to coordination se": NOT_OURS,
+    "tuning.md:mirrorkit: KerasTuner's oracle at 127.0.0.1:8000 is reached ": NOT_YET,
+    "versions.md:tested range TensorFlow 2.21.0, Keras 3.15.1: inside the tes": NOT_YET,
+    "versions.md:RuntimeError: Keras runs on the 'jax' backend here; mirrorki": NOT_YET,
+    "versions.md:tested range TensorFlow 2.22.0-dev20260905, Keras 3.16.0.dev": OTHER_VERSIONS,
+}
+
+
+@dataclass(frozen=True)
+class Block:
+    """An output block of a user page."""
+
+    page: str  # under docs/
+    line: int  # the fence's line, from 1
+    key: str  # "page:first words"
+    body: list[str]  # without the fence's indentation
+    before: str  # the line before the fence
+    above: str  # the last line before the fence that is not blank
+
+    @property
+    def where(self) -> str:
+        return f"docs/{self.page}:{self.line}"
+
+
+def key_of(page: str, body: list[str]) -> str:
+    """``page:first words``: the first line not blank, ``...`` or ``$ ...``, collapsed."""
+    words = [" ".join(line.split()) for line in body]
+    first = next((w for w in words if w not in ("", "...") and not w.startswith("$ ")), "")
+    if not first:
+        first = words[0] if words else ""
+    return f"{page}:{first[:KEY_LENGTH]}"
+
+
+def output_blocks() -> list[Block]:
+    """Every output block (``text`` or untagged) of the user pages, in page order."""
+    blocks = []
+    for page, text in user_pages().items():
+        lines = text.splitlines()
+        i = 0
+        while i < len(lines):
+            fence = _FENCE.match(lines[i])
+            if not fence:
+                i += 1
+                continue
+            indent = fence["indent"]
+            end = next(j for j in range(i + 1, len(lines)) if lines[j].strip() == "```")
+            if fence["tag"] in OUTPUT_TAGS:
+                body = [line.removeprefix(indent) for line in lines[i + 1 : end]]
+                before = lines[i - 1] if i else ""
+                above = next((line for line in reversed(lines[:i]) if line.strip()), "")
+                blocks.append(Block(page, i + 1, key_of(page, body), body, before, above))
+            i = end + 1
+    return blocks
+
+
+def _strings(body: list[ast.stmt]) -> dict[str, str]:
+    """The ``NAME = "string"`` assignments of a module's or function's body (a ``PAGE``)."""
+    names = {}
+    for node in body:
+        if isinstance(node, ast.Assign) and isinstance(node.value, ast.Constant):
+            for target in node.targets:
+                if isinstance(target, ast.Name) and isinstance(node.value.value, str):
+                    names[target.id] = node.value.value
+    return names
+
+
+def _quoted_calls(module: str, test: str) -> list[tuple[str, str]] | None:
+    """(page, after) of each ``quoted_block`` call in the test's body; None: no such test."""
+    path = TESTS / f"{module}.py"
+    if not path.exists():
+        return None
+    tree = ast.parse(path.read_text())
+    function = next(
+        (
+            node
+            for node in tree.body
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and node.name == test
+        ),
+        None,
+    )
+    if function is None:
+        return None
+    strings = _strings(tree.body) | _strings(function.body)
+    calls = []
+    for node in ast.walk(function):
+        if not (
+            isinstance(node, ast.Call)
+            and getattr(node.func, "id", None) == "quoted_block"
+            and len(node.args) == 2
+        ):
+            continue
+        page, after = node.args
+        if isinstance(page, ast.Name):
+            page = strings.get(page.id)
+        elif isinstance(page, ast.Constant):
+            page = page.value
+        if isinstance(page, str) and isinstance(after, ast.Constant):
+            calls.append((page, after.value))
+    return calls
+
+
+def _block_after(page: str, after: str) -> int | None:
+    """The fence line (from 1) of the first block after `after`, as `quoted_block` finds it."""
+    lines = (ROOT / "docs" / page).read_text().splitlines()
+    at = next((i for i, line in enumerate(lines) if after in line), None)
+    if at is None:
+        return None
+    start = next(j for j in range(at + 1, len(lines)) if lines[j].lstrip().startswith("```"))
+    return start + 1
+
+
+def compared(block: Block) -> str | None:
+    """How the block is compared ("MODULE.TEST" or "its example"), or None; raises if falsely."""
+    if (printed := _PRINTED.match(block.above)) and printed["indent"] == _indent(block):
+        return "its example"
+    marker = MARKER.match(block.before)
+    if not marker:
+        return None
+    name = f"{marker['module']}.{marker['test']}"
+    calls = _quoted_calls(marker["module"], marker["test"])
+    assert calls is not None, f"{block.where}: its comment names {name}, which is no test"
+    assert marker["indent"] == _indent(block), (
+        f"{block.where}: its comment is not indented as its fence"
+    )
+    assert any(
+        page == block.page and _block_after(page, after) == block.line for page, after in calls
+    ), f"{block.where}: {name} calls no quoted_block({block.page!r}, ...) that finds it"
+    return name
+
+
+def _indent(block: Block) -> str:
+    line = (ROOT / "docs" / block.page).read_text().splitlines()[block.line - 1]
+    return line[: len(line) - len(line.lstrip())]
+
+
+def inventory() -> tuple[dict[str, str], dict[str, Block]]:
+    """(key: how it is compared) for the compared blocks, (key: block) for the others."""
+    done, left = {}, {}
+    for block in output_blocks():
+        assert block.key not in done and block.key not in left, (
+            f"{block.where}: two output blocks of docs/{block.page} begin {block.key!r}; "
+            f"make their first words differ, or raise KEY_LENGTH"
+        )
+        how = compared(block)
+        if how:
+            done[block.key] = how
+        else:
+            left[block.key] = block
+    return done, left
+
+
+def test_every_output_block_is_compared_or_listed_with_why_not():
+    _, left = inventory()
+    new = [f"{b.where}: {k!r}" for k, b in left.items() if k not in NOT_COMPARED_YET]
+    assert not new, (
+        "output blocks neither compared with what their program prints nor listed in "
+        "NOT_COMPARED_YET (compare each, as tests/_quoted.py says, or list it with why):\n"
+        + "\n".join(new)
+    )
+
+
+def test_the_not_compared_list_only_shrinks():
+    done, left = inventory()
+    now_compared = [key for key in NOT_COMPARED_YET if key in done]
+    gone = [key for key in NOT_COMPARED_YET if key not in done and key not in left]
+    assert not now_compared, f"compared now, take them off NOT_COMPARED_YET: {now_compared}"
+    assert not gone, f"no output block begins so any more, take them off the list: {gone}"
+
+
+def test_every_reason_is_one_of_the_kinds():
+    odd = {k: why for k, why in NOT_COMPARED_YET.items() if why.split(";")[0] not in KINDS}
+    assert not odd, odd
+    on_compat = {k for k in NOT_COMPARED_YET if k.startswith("compat.md:")}
+    assert all(NOT_COMPARED_YET[k] == COMPAT for k in on_compat)
+
+
+def counts() -> str:
+    done, left = inventory()
+    by_kind = collections.Counter(NOT_COMPARED_YET.get(k, "?").split(";")[0] for k in left)
+    lines = [f"compared: {len(done)}", f"not compared yet: {len(left)}"]
+    lines += [f"  {n:3}  {kind}" for kind, n in by_kind.most_common()]
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    print(counts())

@@ -166,3 +166,52 @@ def test_sigterm_before_fits_last_step_completes_the_job_and_says_so(tmp_path):
     seed = int(re.search(r"shuffling with seed (\d+)", log).group(1))
     reference = _uninterrupted(seed, str(tmp_path / "reference"))
     np.testing.assert_allclose(np.load(tmp_path / "final.npy"), reference, rtol=0, atol=1e-6)
+
+
+_DEAF_SCRIPT = """
+import os, signal, sys, time
+signal.signal(signal.SIGTERM, signal.SIG_IGN)  # as TensorFlow's own notifier does, unasked
+open(os.path.join(sys.argv[1], str(os.getpid())), "w").close()
+time.sleep(120)
+"""
+
+
+@pytest.mark.multiprocess
+def test_a_second_sigterm_stops_workers_that_ignore_the_first(tmp_path):
+    """Workers that swallow SIGTERM (no mk.PreemptionCheckpoint) are stopped at a second one.
+
+    The grace period (30 s) is not waited for: a second SIGTERM ends it, as the page says.
+    The workers are plain Python, not TensorFlow, so the launch takes seconds.
+    """
+    from mirrorkit.exit_statuses import TERMINATED
+
+    script = tmp_path / "deaf.py"
+    script.write_text(_DEAF_SCRIPT)
+    started = tmp_path / "started"
+    started.mkdir()
+    job = subprocess.Popen(
+        [sys.executable, "-m", "mirrorkit", "launch", "-n", "2", "--no-pin", str(script)]
+        + [str(started)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=_env(),
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while len(os.listdir(started)) < 2 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert len(os.listdir(started)) == 2, "the workers did not start"
+        job.send_signal(signal.SIGTERM)
+        time.sleep(1)  # the first is forwarded; the workers ignore it
+        assert job.poll() is None
+        job.send_signal(signal.SIGTERM)
+        log, _ = job.communicate(timeout=30)
+    finally:
+        job.kill()
+    assert job.returncode == TERMINATED, log
+    assert "SIGTERM: sent to 2 worker(s)" in log
+    assert_quoted_in(quoted_block(PAGE, "SIGTERM comes, it stops every worker"), log)
+    for pid in os.listdir(started):  # every worker was stopped
+        with pytest.raises(ProcessLookupError):
+            os.kill(int(pid), 0)

@@ -176,6 +176,7 @@ def test_a_shuffled_stream_says_on_resume_that_its_orders_are_not_replayed(monke
     said = capfd.readouterr().err
     assert "resuming a shuffled streamed input" in said
     assert_quoted_in(quoted_block("resume.md", "A shuffled stream keeps TensorFlow's buffer"), said)
+    assert_quoted_in(quoted_block("preemption.md", "The resume says so:"), said)
 
 
 @pytest.mark.slow
@@ -259,6 +260,8 @@ def test_keras_own_backup_and_initial_epoch_resume_a_shuffled_input_in_its_order
     assert "resuming from keras.callbacks.BackupAndRestore(save_freq=3)" in said, said
     assert "back up at each epoch's end (save_freq='epoch', as mk.resumable does)" in said
     assert said.count("BackupAndRestore(save_freq=3)") == 1
+    quote = quoted_block("resume.md", "The steps before the backup are trained twice:")
+    assert_quoted_in(quote, said)
 
 
 @pytest.mark.slow

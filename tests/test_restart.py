@@ -299,6 +299,32 @@ def test_max_restarts_counts_per_failing_step():
     assert "no restart left: it failed 3 times there" in said[-1]
 
 
+def test_the_last_failure_at_one_step_is_said_by_the_launcher(monkeypatch, capfd):
+    """`mirrorkit launch --max-restarts 1`: worker 0 fails twice at epoch 2 step 4."""
+    from mirrorkit import notices
+    from mirrorkit.launcher import local_job
+
+    monkeypatch.setattr(notices, "_said", set())
+    at = resume_point.Position
+    attempts = []
+
+    def worker_0_fails(attempt):
+        attempts.append(attempt)
+        raise WorkerError(0, 1)
+
+    capfd.readouterr()
+    with pytest.raises(WorkerError):
+        run_with_restarts(
+            worker_0_fails,
+            1,
+            local_job.say,
+            failure=lambda attempt: Failure(at(1, 4), at(1, 0), 4),
+        )
+    assert attempts == [0, 1]
+    said = capfd.readouterr().err
+    assert_quoted_in(quoted_block("resume.md", "It says so, and the launcher exits"), said)
+
+
 def test_failure_reads_the_chiefs_progress_and_the_keras_backup(tmp_path):
     backup = tmp_path / "backup"
     backup.mkdir()
@@ -343,7 +369,8 @@ def test_backup_pair_without_a_keras_backup_internal_is_named(tmp_path):
         backup_pair.make_atomic(callback)
 
 
-def test_backup_pair_chooses_the_latest_whole_pair(tmp_path):
+def test_backup_pair_chooses_the_latest_whole_pair(tmp_path, monkeypatch, capfd):
+    from mirrorkit import notices
     from mirrorkit.faults import backup_pair
 
     weights, metadata = str(tmp_path / "latest.weights.h5"), str(tmp_path / "m.json")
@@ -361,3 +388,13 @@ def test_backup_pair_chooses_the_latest_whole_pair(tmp_path):
     assert backup_pair.check(weights, metadata) == "cut short"
     (tmp_path / "m.json").write_text('{"epoch": 3}')  # plain Keras's: no digest, trusted
     assert backup_pair.check(weights, metadata) == "trusted"
+    # the only backup cut short: no previous one to resume from, so training starts over
+    os.remove(f"{weights}.bkp")
+    os.remove(f"{metadata}.bkp")
+    (tmp_path / "m.json").write_text('{"epoch": 3')
+    monkeypatch.setattr(notices, "_said", set())
+    capfd.readouterr()
+    absent = str(tmp_path / ".mirrorkit-no-backup")
+    assert backup_pair.choose(weights, metadata) == (absent, absent)
+    said = capfd.readouterr().err
+    assert_quoted_in(quoted_block("resume.md", "If there is no previous backup"), said)

@@ -444,3 +444,52 @@ def test_a_partial_batch_a_shuffle_moved_is_dropped_wherever_it_lands():
     for _ in range(4):  # several epochs: the partial batch lands first, last or between
         sizes = [sum(len(part) for part in _replica_parts(batch)) for batch in data]
         assert sizes == [4, 4]
+
+
+def test_the_inputs_page_quotes_what_mk_distribute_says(monkeypatch, capfd):
+    """Each notice and error docs/inputs.md quotes, from the situation the page describes."""
+    from _quoted import assert_quoted_in, quoted_block
+
+    page = "inputs.md"
+    strategy = _strategy(2)
+    ids = np.arange(1000, dtype="int64")
+
+    def said(make):
+        monkeypatch.setattr(notices, "_said", set())
+        capfd.readouterr()
+        try:
+            make()
+        except ValueError as err:
+            print(f"ValueError: {err}")
+        return "".join(capfd.readouterr())
+
+    kept = said(lambda: mk.distribute(tf.data.Dataset.from_tensor_slices(ids).batch(64), strategy))
+    assert_quoted_in(quoted_block(page, "A dataset whose batches are kept prints"), kept)
+    rebatched = said(
+        lambda: mk.distribute(
+            tf.data.Dataset.from_tensor_slices(ids).batch(63), strategy, global_batch_size=64
+        )
+    )
+    assert_quoted_in(quoted_block(page, "it says that it batched again:"), rebatched)
+    padded = tf.data.Dataset.range(100).map(lambda i: tf.fill([i % 3 + 1], i)).padded_batch(32)
+    refused = said(lambda: mk.distribute(padded, strategy, global_batch_size=64))
+    assert_quoted_in(quoted_block(page, "Asked for another batch size, `mk.distribute`"), refused)
+    odd = said(lambda: mk.distribute(ids, strategy, global_batch_size=63))
+    assert_quoted_in(quoted_block(page, "is an error that names the nearest ones:"), odd)
+    drawn = said(lambda: mk.distribute(ids, strategy, global_batch_size=64))
+    assert_quoted_in(quoted_block(page, "A drawn seed is printed"), drawn)
+    assert_quoted_in(quoted_block(page, "The last partial global batch is dropped"), drawn)
+    uneven = said(
+        lambda: mk.distribute(tf.data.Dataset.from_tensor_slices(ids[:999]).batch(64), strategy)
+    )
+    assert_quoted_in(quoted_block(page, "share evenly is dropped in training"), uneven)
+    filtered = tf.data.Dataset.from_tensor_slices(ids).filter(lambda i: i % 2 == 0)
+    unknown = said(lambda: mk.distribute(filtered, strategy, global_batch_size=64))
+    assert_quoted_in(quoted_block(page, "**A length tf.data cannot know**"), unknown)
+    cached = tf.data.Dataset.from_tensor_slices(ids).shuffle(1000, seed=0).batch(64).cache()
+    replayed = said(lambda: mk.distribute(cached, strategy))
+    assert_quoted_in(quoted_block(page, "In training, `mk.distribute` prints:"), replayed)
+    hidden = tf.data.Dataset.from_tensor_slices(ids).batch(8)
+    hidden = hidden.flat_map(lambda b: tf.data.Dataset.from_tensors(b))
+    unsure = said(lambda: mk.distribute(hidden, strategy, global_batch_size=4, shuffle=False))
+    assert_quoted_in(quoted_block(page, "call `.unbatch()` first if each is a batch"), unsure)

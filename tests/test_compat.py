@@ -2,6 +2,7 @@
 
 import fnmatch
 import functools
+import json
 import pathlib
 import re
 import sys
@@ -563,3 +564,50 @@ def test_the_epoch_hook_a_shuffled_input_puts_in_place_is_listed_and_removed():
     compat.disable()
     assert "fit_epoch" not in compat.active()
     assert "mirrorkit" not in keras.callbacks.CallbackList.on_epoch_begin.__module__
+
+
+class _FailInEpoch(keras.callbacks.Callback):
+    """Raises at the start of (epoch, batch): a crash the next fit resumes from the backup."""
+
+    def __init__(self, epoch, batch):
+        super().__init__()
+        self.at, self.epoch = (epoch, batch), None
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self.epoch = epoch
+
+    def on_train_batch_begin(self, batch, logs=None):
+        if (self.epoch, batch) == self.at:
+            raise RuntimeError("failed here on purpose")
+
+
+class _StepBackupEpochs(keras.callbacks.Callback):
+    """The epoch each step backup says, read after BackupAndRestore (before it) wrote it."""
+
+    def __init__(self, backup, said):
+        super().__init__()
+        self.path, self.said = pathlib.Path(backup, "training_metadata.json"), said
+
+    def on_train_batch_end(self, batch, logs=None):
+        self.said.append(json.loads(self.path.read_text())["epoch"])
+
+
+@pytest.mark.upstream
+def test_keras_step_backups_in_a_resumed_epoch_record_epoch_0_upstream(without_repairs, tmp_path):
+    """Keras's BackupAndRestore(save_freq=N) sets the epoch its backups record only at an
+    epoch's end, so a fit resumed in epoch 2 writes epoch 0 in that epoch's step backups (a
+    second crash there resumes at epoch 1). If this stops failing, retire backup_step_epoch."""
+    compat.disable()
+    backup, said = str(tmp_path / "steps"), []
+
+    def fit(*callbacks):
+        model = tiny_model(4, 1)
+        x, y = np.ones((8, 4), "float32"), np.zeros((8, 1), "float32")
+        backups = keras.callbacks.BackupAndRestore(backup, save_freq=1)
+        model.fit(x, y, batch_size=2, epochs=3, verbose=0, callbacks=[backups, *callbacks])
+
+    with pytest.raises(RuntimeError, match="on purpose"):
+        fit(_FailInEpoch(1, 2))
+    with pytest.raises(RuntimeError, match="on purpose"):  # resumed in epoch 2, fails there again
+        fit(_StepBackupEpochs(backup, said), _FailInEpoch(1, 2))
+    assert said == [0, 0], said  # the repair writes 1 (0-based epoch 2), where it must resume

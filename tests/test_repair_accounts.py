@@ -121,7 +121,6 @@ def test_the_generated_table_has_a_row_per_repair_with_its_link():
 #: them, no code read from Keras, no fixed_in. This list only shrinks: give a repair a canary
 #: (a test marked ``upstream`` in its ``tests``) and take it off.
 NO_CANARY_YET = (
-    "backup_step_epoch",
     "keras_hub_inputs",
     "keras_tuner_ask_together",
     "keras_tuner_same_trial",

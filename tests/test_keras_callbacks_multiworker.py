@@ -66,6 +66,13 @@ class WorkerFigure(keras.callbacks.Callback):
     def on_epoch_end(self, epoch, logs=None):
         logs["worker_figure"] = 0.5 ** epoch if rank == 0 else 1.0 + epoch
 
+class LearningRates(keras.callbacks.Callback):
+    """This worker's learning rate at each epoch's end, after ReduceLROnPlateau's decision."""
+    def on_epoch_end(self, epoch, logs=None):
+        rate = float(np.array(self.model.optimizer.learning_rate))
+        result.setdefault("learning_rates", []).append(rate)
+        save_result()  # now: in mode "upstream" worker 0 hangs before fit ends
+
 class Steps(keras.callbacks.Callback):
     def on_train_begin(self, logs=None):
         self.steps = 0
@@ -91,6 +98,7 @@ history = model.fit(
                                           factor=0.5),
         keras.callbacks.EarlyStopping(monitor="worker_figure", mode="min", patience=1,
                                       restore_best_weights=True),
+        LearningRates(),
         tensorboard,
         keras.callbacks.CSVLogger(os.path.join(out, "log.csv"), append=True),
         WorkerDir(),
@@ -181,6 +189,7 @@ def test_keras_callbacks_act_once_and_stop_together_on_two_workers(tmp_path):
     for worker in (first, second):
         assert len(worker["history"]["loss"]) == 2
         assert worker["learning_rate"] == pytest.approx(0.025)
+        assert worker["learning_rates"] == pytest.approx([0.05, 0.025])
     assert "differs between workers" in done.stdout + done.stderr
     for key in ("loss", "val_loss"):  # History is complete, and the job's, on every worker
         assert first["history"][key] == pytest.approx(second["history"][key], abs=1e-6)
@@ -221,6 +230,10 @@ def test_plain_keras_callbacks_write_twice_and_hang_on_two_workers(tmp_path):
     assert done.returncode != 0
     assert len(results[1]["history"]["loss"]) == 2
     assert 0 not in results or "nan_steps" not in results[0]
+    # Each worker's ReduceLROnPlateau decides on its own figure: worker 1's worsens at epoch 2
+    # and it halves its own learning rate; worker 0's improves and it keeps its own.
+    assert results[0]["learning_rates"][:2] == pytest.approx([0.05, 0.05])
+    assert results[1]["learning_rates"] == pytest.approx([0.05, 0.025])
 
 
 def test_monitored_value_is_the_workers_mean_or_their_common_value():

@@ -124,7 +124,6 @@ NO_CANARY_YET = (
     "keras_hub_inputs",
     "keras_tuner_ask_together",
     "keras_tuner_same_trial",
-    "shared_reduce_lr",
 )
 
 

@@ -9,7 +9,9 @@ together under `mk.strategy()`. Every trial's hyperparameters and score equal
 those of the same search run on one device in its own process. A second test
 gives the two workers different trials (no oracle, a different seed each) and
 checks that both stop with an error that names each worker's trial, instead of
-training two different models against each other.
+training two different models against each other. Two canaries show, in this process, the
+oracle's behaviour behind it: a tuner ID that asks again before its trial is ended is handed
+that trial again, and oracles without a fixed seed draw different trials.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from __future__ import annotations
 import json
 import os
 import pathlib
+import random
 import re
 import socket
 import subprocess
@@ -147,3 +150,54 @@ def test_workers_handed_different_trials_stop_naming_each_workers_trial(tmp_path
     page = (pathlib.Path(ROOT) / "docs" / "compat.md").read_text()
     quoted = re.search(r"^RuntimeError: the workers of one multi-worker job.*$", page, re.M)[0]
     assert f"[w0] {quoted}" in said.splitlines(), "docs/compat.md quotes worker 0's error"
+
+
+def _oracle(seed, directory):
+    """A RandomSearchOracle over SCRIPT's search space, as a tuner makes it."""
+    import keras_tuner
+
+    hp = keras_tuner.HyperParameters()
+    hp.Choice("units", [4, 8, 16])
+    hp.Float("learning_rate", 1e-3, 1e-1, sampling="log")
+    oracle = keras_tuner.oracles.RandomSearchOracle(
+        objective="val_loss", max_trials=4, hyperparameters=hp, seed=seed
+    )
+    oracle._set_project_dir(str(directory), "search")  # as BaseTuner does; save() writes there
+    return oracle
+
+
+@pytest.mark.upstream
+def test_an_oracle_hands_a_tuner_id_its_trial_again_until_the_chief_ends_it_upstream(tmp_path):
+    """KerasTuner's Oracle.create_trial hands every ask under a tuner ID the trial running under
+    it, so a worker that asks before its chief has ended the last trial trains that trial again
+    while the chief trains the next. If this stops failing, retire keras_tuner_ask_together."""
+    from keras_tuner.engine.trial import TrialStatus
+
+    oracle = _oracle(7, tmp_path)
+    first = oracle.create_trial("tuner0")  # the chief, then worker 1, of one job: the same trial
+    assert oracle.create_trial("tuner0") is first
+    oracle.update_trial(first.trial_id, {"val_loss": 0.5})  # the chief reports it
+    again = oracle.create_trial("tuner0")  # worker 1 done, asks before the chief ends it
+    first.status = TrialStatus.COMPLETED
+    oracle.end_trial(first)
+    following = oracle.create_trial("tuner0")  # the chief asks
+    assert again is first and following.trial_id != first.trial_id, (again, following)
+
+
+@pytest.mark.upstream
+def test_oracles_without_a_fixed_seed_draw_different_trials_upstream(tmp_path):
+    """Without a chief oracle each worker runs an oracle of its own; KerasTuner draws the seed of
+    one built with seed=None (or 0) from Python's random state, which differs between the
+    workers' processes, so their first trials differ. If this stops failing, retire
+    keras_tuner_same_trial."""
+    state = random.getstate()
+    try:
+        for seed in (None, 0):
+            drawn = []
+            for worker in (0, 1):
+                random.seed(worker)  # each worker's process: a random state of its own
+                oracle = _oracle(seed, tmp_path / f"{seed}-{worker}")
+                drawn.append(oracle.create_trial("tuner0").hyperparameters.values)
+            assert drawn[0] != drawn[1], (seed, drawn)
+    finally:
+        random.setstate(state)

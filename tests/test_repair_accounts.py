@@ -122,8 +122,6 @@ def test_the_generated_table_has_a_row_per_repair_with_its_link():
 #: (a test marked ``upstream`` in its ``tests``) and take it off.
 NO_CANARY_YET = (
     "keras_hub_inputs",
-    "keras_tuner_ask_together",
-    "keras_tuner_same_trial",
 )
 
 

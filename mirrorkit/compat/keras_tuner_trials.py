@@ -135,7 +135,12 @@ REPAIRS = (
         applies_to=workers.is_multi_worker,
         needed=_imported,
         account=_ACCOUNT,
-        tests=_TESTS,
+        # its canary: the oracle hands a tuner ID its trial again until the chief ends it
+        tests=(
+            *_TESTS,
+            "tests/test_keras_tuner.py::"
+            "test_an_oracle_hands_a_tuner_id_its_trial_again_until_the_chief_ends_it_upstream",
+        ),
     ),
     Repair(
         name="keras_tuner_same_trial",
@@ -146,6 +151,10 @@ REPAIRS = (
         applies_to=workers.is_multi_worker,
         needed=_imported,
         account=_ACCOUNT,
-        tests=_TESTS,
+        # its canary: workers' own oracles without a fixed seed draw different trials
+        tests=(
+            *_TESTS,
+            "tests/test_keras_tuner.py::test_oracles_without_a_fixed_seed_draw_different_trials_upstream",
+        ),
     ),
 )

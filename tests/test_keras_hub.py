@@ -3,7 +3,8 @@
 A ``BertTextClassifier`` on a small ``BertBackbone`` made from a config (no download),
 ``preprocessor=None``, trained with ``fit`` on an `mk.distribute` dataset, then ``evaluate``
 and ``predict`` on one; each placement in fresh processes. Needs the ``hub`` extra
-(keras-hub, Python 3.11+); CI's newest leg installs it.
+(keras-hub, Python 3.11+); CI's newest leg installs it. A canary shows, in this process, that a
+task without the ``keras_hub_inputs`` repair fails on an `mk.distribute` dataset.
 """
 
 import numpy as np
@@ -145,3 +146,24 @@ def test_a_task_with_a_preprocessor_is_told_to_preprocess_in_the_pipeline():
     )
     classifier.preprocessor = None
     assert len(classifier.fit(data, epochs=1, verbose=0).history["loss"]) == 1
+
+
+@pytest.mark.upstream
+def test_a_task_fails_on_a_distributed_dataset_upstream():
+    """keras-hub's PipelineModel turns any input that is no tf.data or grain dataset into one
+    with from_tensor_slices, which a distributed dataset is not. If this stops failing, retire
+    keras_hub_inputs."""
+    import mirrorkit as mk
+    from mirrorkit.compat import keras_hub_inputs
+
+    strategy = mk.strategy(cpu_replicas=2)
+    with strategy.scope():
+        classifier = _classifier()
+    x, y = _inputs()
+    data = mk.distribute((x, y), strategy, global_batch_size=BATCH, shuffle=False)
+    keras_hub_inputs.REPAIR.remove()  # mk.distribute put it in place
+    try:
+        with pytest.raises(AttributeError, match="_to_batched_tensor_list"):
+            classifier.fit(data, epochs=1, verbose=0)
+    finally:
+        keras_hub_inputs.REPAIR.apply()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import keras
 import numpy as np
 import pytest
+from _quoted import assert_quoted_in, quoted_block
 
 import mirrorkit as mk
 from mirrorkit import notices
@@ -19,7 +20,9 @@ def _model(synchronized):
         [
             keras.Input((5,)),
             keras.layers.Dense(6),
-            keras.layers.BatchNormalization(synchronized=synchronized, momentum=0.5),
+            keras.layers.BatchNormalization(
+                synchronized=synchronized, momentum=0.5, name="batch_normalization"
+            ),
             keras.layers.Activation("relu"),
             keras.layers.Dense(2),
         ]
@@ -82,6 +85,7 @@ def test_build_says_once_which_layers_and_the_option(capfd, _forget_said):
     assert said.count("BatchNormalization(synchronized=True)") == 1
     assert "1 BatchNormalization layer(s) (batch_normalization" in said
     assert "each replica's 1/2 of the global batch" in said
+    assert_quoted_in(quoted_block("scale.md", "prints a notice, once:"), said)
 
 
 @pytest.mark.parametrize("replicas, synchronized", [(1, False), (2, True)])

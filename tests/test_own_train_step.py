@@ -11,6 +11,7 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
+from _quoted import assert_quoted_in, quoted_block
 from keras import layers, ops
 
 import mirrorkit as mk
@@ -348,7 +349,12 @@ def test_a_model_built_outside_the_scope_is_told_what_to_do(tmp_path):
 
 def _with_batch_norm():
     base = keras.Sequential(
-        [keras.Input((4, 4, 1)), layers.Conv2D(2, 3), layers.BatchNormalization()], name="base"
+        [
+            keras.Input((4, 4, 1)),
+            layers.Conv2D(2, 3),
+            layers.BatchNormalization(name="batch_normalization"),
+        ],
+        name="base",
     )
     base.trainable = False
     inputs = keras.Input((4, 4, 1))
@@ -372,5 +378,6 @@ def test_batch_norm_is_said_at_fit_once_the_base_is_unfrozen(capfd):
     err = capfd.readouterr().err
     assert "1 BatchNormalization layer(s) (batch_normalization" in err
     assert "mk.synchronize_batch_norm(model)" in err
+    assert_quoted_in(quoted_block("own-train-step.md", "At `fit` you see:"), err)
     assert mk.synchronize_batch_norm(model) == [base.layers[-1].name]
     assert mk.synchronize_batch_norm(model) == []  # already synchronised

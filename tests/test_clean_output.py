@@ -7,6 +7,7 @@ import sys
 import textwrap
 
 import pytest
+from _quoted import assert_quoted_in, quoted_block
 
 from mirrorkit.launcher.tf_noise import is_startup_line
 from mirrorkit.strategies import tf_logging
@@ -157,6 +158,9 @@ def test_interactive_fit_prints_no_tensorflow_info_lines(tmp_path):
     assert "INFO:tensorflow" in outputs["control"]  # what a notebook showed before
     assert "INFO:tensorflow" not in outputs["mirrorkit"], outputs["mirrorkit"]
     assert "TensorFlow's INFO log is kept at WARNING" in outputs["mirrorkit"]  # said once
+    said = outputs["mirrorkit"]
+    assert_quoted_in(quoted_block("notebook.md", "puts that logger back to WARNING"), said)
+    assert_quoted_in(quoted_block("keras-code.md", "one line on the chief:"), said)
 
 
 @pytest.fixture

@@ -6,6 +6,7 @@ import subprocess
 import sys
 
 import pytest
+from _quoted import assert_quoted_in, quoted_block
 
 from mirrorkit.launcher.processes import WorkerError
 
@@ -40,6 +41,8 @@ def test_cpu_replicas_after_initialisation_says_what_to_do(fresh):
     with pytest.raises(WorkerError) as err:
         fresh(_replicas_after_tensorflow_started)
     assert "RuntimeError: cpu_replicas=2 was asked for" in err.value.worker_traceback
+    quote = quoted_block("notebook.md", "Asked for CPU replicas too late")
+    assert_quoted_in(quote, err.value.worker_traceback)
     assert "with 1 logical CPU device(s)" in err.value.worker_traceback
     assert "restart the kernel" in err.value.worker_traceback
 

@@ -4,8 +4,9 @@ A page quotes output in a fenced block (```` ``` ```` or ```` ```text ````). The
 the program finds the block with `quoted_block` and checks it with `assert_quoted_in`, the
 convention of ``tests/test_doc_examples.py::test_a_quoted_output_is_what_its_example_prints``:
 
-- every quoted line but a blank one or a line that is exactly ``...`` must be a line of the
-  output (trailing spaces aside);
+- every quoted line but a blank one, a line that is exactly ``...`` or a command typed (a
+  line that begins with ``$ ``, as in a transcript) must be a line of the output (trailing
+  spaces aside);
 - a ``...`` inside a quoted line stands for any text: a port, a PID, a time that varies from
   run to run, or the rest of a long line.
 
@@ -67,10 +68,10 @@ def quoted_block(page: str, after: str) -> Quote:
 
 
 def assert_quoted_in(quote: Quote, output: str) -> None:
-    """Every line of `quote`, but a blank one or ``...``, is a line of `output`."""
+    """Every line of `quote`, but a blank one, ``...`` or ``$ command``, is a line of `output`."""
     printed = [line.rstrip() for line in output.splitlines()]
     for quoted_line in quote.lines:
-        if quoted_line.strip() in ("", "..."):
+        if quoted_line.strip() in ("", "...") or quoted_line.startswith("$ "):
             continue
         # `...` inside a line stands for what varies (a time, an address) or is cut short
         pattern = ".*".join(re.escape(part) for part in quoted_line.rstrip().split("..."))

@@ -83,7 +83,7 @@ def test_launch_checks_the_script_exists_before_starting_workers(tmp_path, capsy
     assert f"script {missing!r} does not exist" in err and "no worker was started" in err
 
 
-def test_launch_timeout_names_the_workers_still_running():
+def test_launch_timeout_names_the_workers_still_running(capfd):
     # Before: "workers did not finish within 3 s; all were stopped".
     sleeper = [sys.executable, "-c", "import time; time.sleep(60)"]
     quick = [sys.executable, "-c", "pass"]
@@ -91,6 +91,17 @@ def test_launch_timeout_names_the_workers_still_running():
         processes.run_commands([sleeper, quick], timeout_s=4)
     message = str(caught.value)
     assert "worker(s) 0 of 2 were (worker(s) 1 had finished) still running" in message
+    # Both still running, said as `mirrorkit launch --timeout` says it.
+    from _quoted import assert_quoted_in, quoted_block
+
+    from mirrorkit.launcher import local_job
+
+    with pytest.raises(TimeoutError) as caught:
+        processes.run_commands([sleeper, sleeper], timeout_s=1)
+    capfd.readouterr()
+    local_job.say(str(caught.value))
+    quote = quoted_block("multi-worker.md", "`--timeout` names the workers that were still")
+    assert_quoted_in(quote, capfd.readouterr().err)
 
 
 def _lock_returner():

@@ -8,6 +8,7 @@ import sys
 
 import numpy as np
 import pytest
+from _quoted import assert_quoted_in, quoted_block
 
 from mirrorkit.demo import data
 
@@ -81,6 +82,7 @@ def test_unprepared_tfds_dataset_fails_fast_without_network(tmp_path):
     assert "never downloads" in done.stderr and "download_and_prepare()" in done.stderr
     assert "Traceback" not in done.stderr
     assert os.listdir(tmp_path) in ([], ["mnist"])  # nothing was fetched
+    assert_quoted_in(quoted_block("index.md", "says how to prepare it:"), done.stderr)
 
 
 @pytest.mark.multiprocess

@@ -565,6 +565,32 @@ def test_row_still_gets_its_error(cases, row_id):
     assert (got_kind, message in got_message) == (kind, True), got_message
 
 
+def _printed(fn: Callable[[], object]) -> str:
+    """What a case shows: a notice's text, or its error as Python's last traceback line."""
+    kind, text = outcome(fn)
+    return text if kind == "notice" else f"{kind}: {text}"
+
+
+def test_the_errors_other_pages_quote_are_what_their_cases_give(cases):
+    """The errors and notices other user pages quote in full, from this table's cases."""
+    from _quoted import assert_quoted_in, quoted_block
+
+    nccl = quoted_block("keras-code.md", "On CPU replicas, `mk.strategy` stops with:")
+    assert_quoted_in(nccl, _printed(cases["strategy-nccl-on-cpus"]))
+    jax = quoted_block("versions.md", "On another backend, `mk.strategy()` stops")
+    assert_quoted_in(jax, _printed(cases["strategy-backend"]))
+    ps = quoted_block("multi-worker.md", "A `ps` job (parameter servers) is refused")
+    assert_quoted_in(ps, _printed(cases["tf-config-ps"]))
+    sagemaker = _printed(cases["sagemaker-no-tf-config"])
+    assert_quoted_in(quoted_block("multi-worker.md", "then warns, on the first host"), sagemaker)
+    alone = quoted_block("clusters/sagemaker.md", "warns about it on `algo-1` only:")
+    assert_quoted_in(alone, sagemaker)
+    master = quoted_block("clusters/kubeflow.md", "A `master` job is refused:")
+    assert_quoted_in(master, _printed(_tf_config('{"cluster": {"master": ["a:1"]}}')))
+    outside = quoted_block("index.md", "A model made in the block but compiled after it")
+    assert_quoted_in(outside, _printed(cases["compile-outside-scope"]))
+
+
 if __name__ == "__main__":  # print what every case gives today, to write the table
     import tempfile
 

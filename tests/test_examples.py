@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from _quoted import assert_quoted_in, quoted_block
 from absl import flags
 
 from mirrorkit import flags as mk_flags
@@ -114,13 +115,15 @@ def test_a_wrong_flag_exits_non_zero_with_absls_message(example):
 def test_a_contradictory_combination_stops_an_example_before_training():
     result, output = run(
         EXAMPLES / "resnet_global_batch.py",
-        "--batch_size=64",
-        "--cpu_replicas=8",
-        "--per_replica_batch_size=8",
+        "--batch_size",
+        "256",
+        "--per_replica_batch_size",
+        "32",
     )
     assert result.returncode != 0
     assert "--batch_size and --per_replica_batch_size both set the batch size" in output
     assert "replicas x" not in output  # main never ran
+    assert_quoted_in(quoted_block("absl-flags.md", "The message names the flags:"), output)
 
 
 def test_every_example_has_a_docstring_with_a_command():

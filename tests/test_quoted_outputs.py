@@ -70,13 +70,10 @@ KINDS = (NOT_YET, NO_RUN, NOT_OURS, TEMPLATE, MEASURED, OTHER_VERSIONS, COMPAT)
 
 #: Output blocks not compared yet, and why: this list only shrinks.
 NOT_COMPARED_YET: dict[str, str] = {
-    "absl-flags.md:FATAL Flags parsing error: flags batch_size=256, per_replica": NOT_YET,
     "absl-flags.md:mirrorkit: this script's default --bucket_mb 25 is not used:": NOT_YET,
     "clusters/kubeflow.md:mirrorkit: MultiWorkerMirroredStrategy, 2 replicas on 2 work": NOT_YET,
     "clusters/kubeflow.md:evaluator: held-out loss 0.8102, accuracy 0.6895": MEASURED,
-    "clusters/kubeflow.md:TF_CONFIG field 'cluster.master' names an unknown job type; ": NOT_YET,
     "clusters/ray.md:mirrorkit: TF_USE_LEGACY_KERAS=1 is set (Ray Train sets it);": NOT_YET,
-    "clusters/sagemaker.md:mirrorkit: WARNING: SageMaker started 2 hosts (SM_HOSTS=algo": NOT_YET,
     "clusters/slurm.md:mirrorkit: Slurm: the step's 2 tasks on NODE share the 4 GPU": TEMPLATE,
     "clusters/slurm.md:Epoch 22/40": NO_RUN,
     "compat.md:mirrorkit: 25 Keras repairs active (keras 3.15.1); mirrorkit": COMPAT,
@@ -116,17 +113,11 @@ NOT_COMPARED_YET: dict[str, str] = {
     "guards.md:mirrorkit: ReplicaSyncCheck: 2 check(s), median 192.59 ms ea": MEASURED,
     "guards.md:ReplicaSyncCheck after step 8: variable 'sequential/dense/bi": NOT_YET,
     "index.md:mirrorkit: ... Keras repairs active (keras 3.15.1); mirrorki": NOT_YET,
-    "index.md:mirrorkit demo: --dataset 'mnist' is not prepared in '/data/": NOT_YET,
-    "index.md:RuntimeError: The model was made under MirroredStrategy's sc": NOT_YET,
     "inputs.md:mirrorkit: WARNING: this dataset already takes one shard of ": NOT_YET,
-    "keras-code.md:ValueError: all_reduce='nccl' needs GPUs, and these replicas": NOT_YET,
-    "multi-worker.md:mirrorkit: workers did not finish within 3600 s: worker(s) 0": NOT_YET,
     "multi-worker.md:mirrorkit: WARNING: could not make a private network namespa": NOT_YET,
     "multi-worker.md:mirrorkit: workers reach this machine's 127.0.0.1:5000 at th": NOT_YET,
     "multi-worker.md:mirrorkit: workers 2-3 of 4 on this host; cluster a:29470, a": TEMPLATE,
     "multi-worker.md:cluster TF_CONFIG: 3 workers, this is worker 0, worker rank ": NOT_YET,
-    "multi-worker.md:TF_CONFIG names a 'ps' job: that is a parameter-server layou": NOT_YET,
-    "multi-worker.md:mirrorkit: WARNING: SageMaker started 2 hosts (SM_HOSTS=algo": NOT_YET,
     "own-train-step.md:ValueError: Sequential was built outside any strategy's scop": NOT_YET,
     "own-train-step.md:- custom compute_loss (InBatch.compute_loss): a loss that co": NOT_YET,
     "scale.md:mirrorkit: jit_compile=True: XLA cannot compile a step that ": NOT_YET,
@@ -152,7 +143,6 @@ NOT_COMPARED_YET: dict[str, str] = {
     "troubleshooting.md:E0000 ... UNAVAILABLE: Failed to send RPC to coordination se": NOT_OURS,
     "tuning.md:mirrorkit: KerasTuner's oracle at 127.0.0.1:8000 is reached ": NOT_YET,
     "versions.md:tested range TensorFlow 2.21.0, Keras 3.15.1: inside the tes": NOT_YET,
-    "versions.md:RuntimeError: Keras runs on the 'jax' backend here; mirrorki": NOT_YET,
     "versions.md:tested range TensorFlow 2.22.0-dev20260905, Keras 3.16.0.dev": OTHER_VERSIONS,
 }
 

@@ -6,6 +6,7 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
+from _quoted import assert_quoted_in, quoted_block
 
 import mirrorkit as mk
 from mirrorkit.equivalence import suspects
@@ -218,6 +219,8 @@ def test_an_in_batch_loss_fails_and_names_compute_loss_until_it_gathers():
         report
     )
     assert "mk.all_gather" in str(report)
+    quote = quoted_block("own-train-step.md", "`mk.check_equivalence` names an overridden")
+    assert_quoted_in(quote, str(report))
     gathered = mk.check_equivalence(lambda: in_batch_model(GatheringInBatch), (X, Y), **CHECK)
     assert gathered.passed, str(gathered)
 

@@ -335,8 +335,10 @@ def test_a_model_built_outside_the_scope_is_told_what_to_do(tmp_path):
     strategy = mk.strategy(cpu_replicas=2)
     model = make_summed()  # no scope
     data = mk.distribute((X, X[:, 0, :1, 0]), strategy, global_batch_size=BATCH)
-    with pytest.raises(ValueError, match=r"built outside any strategy's scope.*mk\.build"):
+    with pytest.raises(ValueError, match=r"built outside any strategy's scope.*mk\.build") as err:
         model.fit(data, epochs=1, verbose=0)
+    quote = quoted_block("own-train-step.md", "Handed an `mk.distribute` dataset, `fit`")
+    assert_quoted_in(quote, f"ValueError: {err.value}")
     # What the error says for a model already trained: save it, load it under the scope.
     model.fit(X, X[:, 0, :1, 0], epochs=1, verbose=0)
     model.save(tmp_path / "model.keras")

@@ -118,8 +118,6 @@ NOT_COMPARED_YET: dict[str, str] = {
     "multi-worker.md:mirrorkit: workers reach this machine's 127.0.0.1:5000 at th": NOT_YET,
     "multi-worker.md:mirrorkit: workers 2-3 of 4 on this host; cluster a:29470, a": TEMPLATE,
     "multi-worker.md:cluster TF_CONFIG: 3 workers, this is worker 0, worker rank ": NOT_YET,
-    "own-train-step.md:ValueError: Sequential was built outside any strategy's scop": NOT_YET,
-    "own-train-step.md:- custom compute_loss (InBatch.compute_loss): a loss that co": NOT_YET,
     "scale.md:mirrorkit: jit_compile=True: XLA cannot compile a step that ": NOT_YET,
     "scale.md:mirrorkit: jit_compile=True: XLA cannot compile predict's st": NOT_YET,
     "scale.md:equivalence PASSED: 10 steps of global batch 32 on 1, 2, 4 r": NOT_YET,

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from _quoted import assert_quoted_in, quoted_block
 
 import mirrorkit as mk
 
@@ -109,12 +110,23 @@ def test_clean_run_trains_like_without_guard():
     assert all(cost > 0 for cost in callbacks[1].costs_s)
 
 
+def _named_model():
+    """`_model`, its names fixed as in a fresh session (the error the guards page quotes)."""
+    import keras
+
+    keras.utils.set_random_seed(0)
+    dense = keras.layers.Dense(1, name="dense")
+    model = keras.Sequential([keras.Input((3,)), dense], name="sequential")
+    model.compile(optimizer=keras.optimizers.SGD(0.01), loss="mse")
+    return model
+
+
 def test_replica_sync_check_names_the_perturbed_variable():
     import tensorflow as tf
 
     strategy = mk.strategy(cpu_replicas=2)
     x, y = _data(1, 2, bad_worker=-1, bad_replica=0)[0]
-    model = mk.build(_model, strategy)
+    model = mk.build(_named_model, strategy)
     data = tf.data.Dataset.from_tensor_slices((x, y)).batch(2 * PER_REPLICA)
     model.fit(data, epochs=1, verbose=0)
     bias = model.layers[0].bias
@@ -129,6 +141,8 @@ def test_replica_sync_check_names_the_perturbed_variable():
     assert repr(bias.path) in str(caught.value) and "off by 0.25" in str(caught.value)
     assert "np.float64" not in str(caught.value)  # the checksums read as plain numbers
     assert len(check.costs_s) == 1
+    quote = quoted_block("guards.md", "Here replica 1's copy of a bias was changed by hand:")
+    assert_quoted_in(quote, str(caught.value))
 
 
 def test_replica_sync_check_rejects_bad_every_n_steps():

@@ -31,8 +31,8 @@ SIDES = ("before", "after")
 def _one_run(side: str) -> dict:
     """In this (fresh) process: the demo's training, the repair off for ``before``."""
     import mirrorkit.compat as compat
-    from mirrorkit.compat import one_iterator
     from mirrorkit.demo import train as train_lib
+    from mirrorkit.feeding import one_iterator
 
     if side == "before":
         enable = compat.enable

@@ -137,7 +137,7 @@ def run_placement(way: str, replicas: int, epochs: int) -> list[float]:
 
     strategy = mk.strategy(cpu_replicas=replicas or None)
     if way == "mirrorkit_per_epoch":
-        from mirrorkit.compat import one_iterator
+        from mirrorkit.feeding import one_iterator
 
         for repair in reversed(one_iterator.REPAIRS):
             repair.remove()

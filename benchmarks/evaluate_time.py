@@ -41,7 +41,7 @@ def run_way(way: str, calls: int) -> dict[str, list[float]]:
 
     strategy = mk.strategy(cpu_replicas=2)
     if way == "per_call":
-        from mirrorkit.compat import one_iterator
+        from mirrorkit.feeding import one_iterator
 
         for repair in reversed(one_iterator.REPAIRS):
             repair.remove()

@@ -128,26 +128,16 @@ def compat_sections() -> dict[str, str]:
 def documented_repairs() -> list:
     """Every repair with an account on the Keras repairs page, in the order the table has them.
 
-    `mirrorkit.compat.REPAIRS` first, in its order, then the ones a part of mirrorkit applies
-    when it is first used (``compat.ON_DEMAND``, ``step_chain``) and the ones it declares
-    (``fit_notices``). Raises ImportError where mirrorkit (or TensorFlow) is not installed.
+    `mirrorkit.compat.REPAIRS` first, in its order, then the ones other parts of mirrorkit
+    define (declared for ``compat.enable``, or applied on first use), as registered. Raises
+    ImportError where mirrorkit (or TensorFlow) is not installed.
     """
+    import mirrorkit.strategies.factory  # noqa: F401 - with step_chain, every module defining one
+    import mirrorkit.training.step_chain  # noqa: F401
     from mirrorkit import compat
     from mirrorkit.patching import repair
-    from mirrorkit.scale import fit_notices
-    from mirrorkit.training import step_chain
 
-    found = []
-    for each in (
-        *compat.REPAIRS,
-        *compat.ON_DEMAND,
-        step_chain.REPAIR,
-        fit_notices.REPAIR,
-        *repair.declared(),
-    ):
-        if each not in found:
-            found.append(each)
-    return found
+    return [*compat.REPAIRS, *(r for r in repair.known() if r not in compat.REPAIRS)]
 
 
 def repairs_table() -> str:

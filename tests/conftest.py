@@ -319,15 +319,12 @@ def _no_scoped_patch_outlives_its_test():
 
 
 def _every_repair() -> list:
-    """compat's repairs, those parts of mirrorkit declare or apply on first use."""
-    from mirrorkit import compat
-    from mirrorkit.patching.repair import declared
-    from mirrorkit.scale import fit_notices
-    from mirrorkit.training import step_chain
+    """Every repair mirrorkit defines: compat's, those declared, those applied on first use."""
+    import mirrorkit.strategies.factory  # noqa: F401 - with step_chain, every module defining one
+    import mirrorkit.training.step_chain  # noqa: F401
+    from mirrorkit.patching.repair import known
 
-    found = list(compat.REPAIRS + compat.ON_DEMAND) + declared()
-    found += [step_chain.REPAIR, fit_notices.REPAIR]
-    return [r for i, r in enumerate(found) if not any(r is seen for seen in found[:i])]
+    return known()
 
 
 def repairs_checked_by(nodeid: str) -> list[str]:

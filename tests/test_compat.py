@@ -16,6 +16,7 @@ from _models import tiny_model
 import mirrorkit as mk
 from mirrorkit import compat
 from mirrorkit.patching.repair import declared
+from mirrorkit.patching.repair import known as known_repairs
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
@@ -70,11 +71,9 @@ def _matches(name: str, patterns: list[str]) -> bool:
 
 
 def test_every_row_of_the_repairs_table_names_a_repair():
-    from mirrorkit.scale import fit_notices
-    from mirrorkit.training import step_chain
+    import mirrorkit.training.step_chain  # noqa: F401 - with mk's strategy factory, every one
 
-    known = [r.name for r in compat.REPAIRS + compat.ON_DEMAND]
-    known += [fit_notices.REPAIR.name, step_chain.REPAIR.name]
+    known = [r.name for r in known_repairs()]
     stale = [p for p in _repairs_at_a_glance() if not any(fnmatch.fnmatchcase(n, p) for n in known)]
     assert stale == [], f"compat.md's table names repairs that no module declares: {stale}"
 
@@ -82,7 +81,7 @@ def test_every_row_of_the_repairs_table_names_a_repair():
 def _targets() -> dict[str, object]:
     """What each repair's Keras module or class holds at its target now (absent: None)."""
     found = {}
-    for repair in compat.REPAIRS + compat.ON_DEMAND:
+    for repair in known_repairs():
         if repair.module.split(".")[0] not in sys.modules:  # keras_hub, keras_tuner: not imported
             continue
         owner, attr = repair._owner_and_attr()

@@ -93,7 +93,7 @@ def test_example(
         for place in places:
             _SCRIPT_RUNS[place] = (output, tmp_path)
         return
-    from mirrorkit.compat import fit_epoch
+    from mirrorkit.feeding import fit_epoch
 
     listeners = list(fit_epoch._LISTENERS)
     monkeypatch.chdir(tmp_path)

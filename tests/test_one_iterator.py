@@ -14,7 +14,7 @@ import tensorflow as tf
 
 import mirrorkit as mk
 from mirrorkit import distributed_data
-from mirrorkit.compat import one_iterator
+from mirrorkit.feeding import one_iterator
 
 RNG = np.random.default_rng(0)
 X = RNG.normal(size=(200, 4)).astype("float32")  # 200 = 6 batches of 32 and 8 dropped

@@ -22,7 +22,6 @@ import tensorflow as tf
 from mirrorkit import versions
 from mirrorkit.cluster import chief
 from mirrorkit.cluster.workers import spans_replicas
-from mirrorkit.compat import fit_epoch
 from mirrorkit.patching import instance as _instance
 from mirrorkit.patching import repair as _repair
 from mirrorkit.patching.repair import SCOPED, Repair
@@ -43,16 +42,9 @@ def _declared_in_modules() -> tuple[Repair, ...]:
         declared = vars(module).get("REPAIRS") or (
             (vars(module)["REPAIR"],) if isinstance(vars(module).get("REPAIR"), Repair) else ()
         )
-        found.extend(repair for repair in declared if repair not in ON_DEMAND)
-    return tuple(sorted(found, key=lambda repair: repair.name))
+        found.extend(declared)
+    return tuple(_repair.register(repair) for repair in sorted(found, key=lambda r: r.name))
 
-
-#: Repairs a part of mirrorkit applies when it is first used, and keeps for the process:
-#: ``fit_epoch`` (the epoch each ``fit`` begins, for `mk.distribute`'s shuffled order), put in
-#: place by the first shuffled `mk.distribute` input. The step hooks apply their own
-#: (``step_chain``, `mirrorkit.training.step_chain`) when the first hook is registered.
-#: `active` lists every one in place, `disable` removes them.
-ON_DEMAND: tuple[Repair, ...] = (fit_epoch.REPAIR,)
 
 #: Every repair `enable` applies where a strategy needs it, from the modules that declare them.
 REPAIRS: tuple[Repair, ...] = _declared_in_modules()

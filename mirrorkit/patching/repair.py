@@ -280,6 +280,45 @@ _ENABLED_FOR_ALL = [False]
 _ENABLED: weakref.WeakSet = weakref.WeakSet()
 
 
+#: Every repair a module of mirrorkit defines (compat's, the declared ones, those a part of
+#: mirrorkit applies on first use), in the order their modules registered them; not the
+#: scoped ones, made per call.
+_KNOWN: list[Repair] = []
+
+
+def register(repair: Repair) -> Repair:
+    """Lists `repair` among mirrorkit's repairs (`known`), where it is defined.
+
+    For a repair that a part of mirrorkit applies itself on first use (`declare` registers
+    the ones `compat.enable` applies; ``compat`` registers its own).
+
+    Args:
+        repair: the repair.
+
+    Returns:
+        `repair`, for ``REPAIR = register(Repair(...))``.
+
+    Example:
+    ```python
+    from mirrorkit.patching.repair import known
+
+    print([repair.name for repair in known()][:3])
+    ```
+    """
+    if not any(repair is seen for seen in _KNOWN):
+        _KNOWN.append(repair)
+    return repair
+
+
+def known() -> list[Repair]:
+    """Every repair the imported modules of mirrorkit define, in the order registered.
+
+    ``import mirrorkit.strategies`` and ``mirrorkit.training.step_chain`` import every module
+    that defines one.
+    """
+    return list(_KNOWN)
+
+
 def declare(repair: Repair) -> Repair:
     """Declares a repair that `compat.enable` applies with its own, where it is defined.
 
@@ -293,7 +332,8 @@ def declare(repair: Repair) -> Repair:
     Returns:
         `repair`, for ``REPAIR = declare(Repair(...))``.
     """
-    if repair not in _DECLARED:
+    register(repair)
+    if not any(repair is seen for seen in _DECLARED):
         _DECLARED.append(repair)
         if _ENABLED_FOR_ALL[0] or any(repair.applies_to(strategy) for strategy in list(_ENABLED)):
             repair.apply()

@@ -12,7 +12,7 @@ The epoch is a small host variable read when an iterator gives its first
 element (not when Keras makes the iterator; it makes some it never reads),
 which then counts on by one, so iterating the dataset by hand still gives a
 new order each time. Every ``fit`` sets it to the epoch Keras begins
-(`mirrorkit.compat.fit_epoch`, a hook on ``CallbackList.on_epoch_begin``,
+(`mirrorkit.feeding.fit_epoch`, a hook on ``CallbackList.on_epoch_begin``,
 put in place by the first shuffled input), so epoch ``e`` always reads the
 order ``e``: in an uninterrupted run, after Keras's own ``BackupAndRestore``
 restored a backup, after ``fit(initial_epoch=e)``, `mk.resumable` and
@@ -39,7 +39,7 @@ import tensorflow as tf
 
 from mirrorkit import distributed_data
 from mirrorkit.cluster import chief
-from mirrorkit.compat import fit_epoch
+from mirrorkit.feeding import fit_epoch
 
 #: Every live in-memory shuffled order, and every live shuffled stream (a marker object).
 _ORDERS: weakref.WeakSet = weakref.WeakSet()

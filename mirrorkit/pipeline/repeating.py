@@ -5,7 +5,7 @@ told ``steps_per_epoch`` and the input is endless; a distributed iterator is
 costly to make (a thread and a prefetch buffer per device, and the input
 pipeline started again), which was half the wall time of small epochs and of
 validation every epoch (docs: benchmarks/#one-iterator-per-fit).
-`mirrorkit.compat.one_iterator` hands ``fit`` this twin, with the epoch length
+`mirrorkit.feeding.one_iterator` hands ``fit`` this twin, with the epoch length
 as ``steps_per_epoch`` (and ``validation_steps``): the same pipeline, batched,
 then repeated, so no batch spans two epochs and every epoch is the one the
 dataset itself gives (its examples, its dropped remainder, its order). An

@@ -10,6 +10,10 @@ import tensorflow as tf
 from mirrorkit import compat
 from mirrorkit.cluster import chief, workers
 from mirrorkit.compat.multi_worker_reduce import LOCAL_STEP_LOGS
+from mirrorkit.feeding import (  # noqa: F401 - they declare their patches for compat.enable
+    one_iterator,
+    validation_split,
+)
 from mirrorkit.patching import attached
 from mirrorkit.scale import (
     batchnorm,

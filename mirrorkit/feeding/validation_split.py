@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-from mirrorkit.patching.repair import Repair
+from mirrorkit.patching.repair import Repair, declare
 
 _DISTRIBUTED = (tf.distribute.DistributedDataset, tf.data.Dataset)
 
@@ -36,17 +36,20 @@ def _replacement(original):
     return train_validation_split
 
 
-REPAIR = Repair(
-    name="validation_split_message",
-    upstream="Keras (validation_split slices arrays only)",
-    module="keras.src.trainers.data_adapters.array_slicing",
-    target="train_validation_split",
-    replacement=_replacement,
-    applies_to=lambda strategy: True,
-    feature="an error that says how to split a distributed dataset",
-    account="validation_split-on-a-distributed-dataset",
-    tests=(
-        "tests/test_conformance.py::test_two_replicas[validation_split_distributed-error]",
-        "tests/test_errors_table.py::test_row_still_gets_its_error[fit-validation-split-dataset]",
-    ),
+REPAIR = declare(  # compat.enable applies it (mk.strategy() imports this module)
+    Repair(
+        name="validation_split_message",
+        upstream="Keras (validation_split slices arrays only)",
+        module="keras.src.trainers.data_adapters.array_slicing",
+        target="train_validation_split",
+        replacement=_replacement,
+        applies_to=lambda strategy: True,
+        feature="an error that says how to split a distributed dataset",
+        applied_when="with mk.strategy(), mk.build or mk.distribute",
+        account="validation_split-on-a-distributed-dataset",
+        tests=(
+            "tests/test_conformance.py::test_two_replicas[validation_split_distributed-error]",
+            "tests/test_errors_table.py::test_row_still_gets_its_error[fit-validation-split-dataset]",
+        ),
+    )
 )

@@ -135,7 +135,7 @@ def test_a_repair_wrapped_by_another_comes_off_from_under_it():
     try:
         compat.enable(tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"]))
         assert inner.name == "one_device_step" and inner.active and outer.active
-        assert vars(trainer)[attr] is outer.installed  # applied second, by name
+        assert vars(trainer)[attr] is outer.installed  # the higher Repair.place
         inner.remove()
         assert not inner.active and outer.active
         assert vars(trainer)[attr] is outer.installed

@@ -12,6 +12,7 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
+from _quoted import assert_quoted_in, quoted_block
 from absl import flags
 
 import mirrorkit as mk
@@ -231,7 +232,9 @@ def test_a_script_default_bucket_gives_way_to_an_all_reduce_without_buckets(capf
     fv = parse("--cpu_replicas=2", "--all_reduce_alg=reduce_to_one", bucket_mb=25)
     strategy = mk_flags.strategy_from_flags(fv)
     assert isinstance(strategy.extended._cross_device_ops, tf.distribute.ReductionToOneDevice)
-    assert "this script's default --bucket_mb 25 is not used" in capfd.readouterr().err
+    said = capfd.readouterr().err
+    assert "this script's default --bucket_mb 25 is not used" in said
+    assert_quoted_in(quoted_block("absl-flags.md", "The last case prints a notice:"), said)
     fv = parse("--cpu_replicas=2", bucket_mb=25)  # the default applies where it can
     options = mk_flags.strategy_from_flags(fv).extended._communication_options
     assert options.bytes_per_pack == 25 * 1024 * 1024

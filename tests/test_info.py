@@ -33,6 +33,17 @@ def test_info_text_says_outside_the_tested_range(monkeypatch):
     assert versions.tested_range() in line
 
 
+def test_info_says_what_the_versions_page_quotes_of_a_released_and_the_next_pair(monkeypatch):
+    def tested_range_line(tensorflow, keras):
+        monkeypatch.setattr(versions, "installed", lambda: versions.Installed(tensorflow, keras))
+        return info.format_text(info.collect())
+
+    released = quoted_block("versions.md", "says whether the installed pair is inside")
+    assert_quoted_in(released, tested_range_line("2.21.0", "3.15.1"))
+    following = quoted_block("versions.md", "`mirrorkit info` says so:")
+    assert_quoted_in(following, tested_range_line("2.22.0-dev20260905", "3.16.0.dev2026102704"))
+
+
 # What `mirrorkit info` says of a TF_CONFIG (it only reads it and plans: no strategy is made).
 
 
@@ -47,6 +58,18 @@ def test_info_explains_a_multi_worker_choice(mirrorkit_command, capsys, monkeypa
     assert code == 0, err
     assert "MultiWorkerMirroredStrategy, because TF_CONFIG names 2 training tasks" in out
     assert "this is worker 1" in out
+
+
+def test_info_gives_a_worker_task_its_rank_after_the_chief(mirrorkit_command, capsys, monkeypatch):
+    tf_config = {
+        "cluster": {"chief": ["a:2222"], "worker": ["b:2222", "c:2222"]},
+        "task": {"type": "worker", "index": 0},
+    }
+    monkeypatch.setenv("TF_CONFIG", json.dumps(tf_config))
+    code = mirrorkit_command("info")
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    assert_quoted_in(quoted_block("multi-worker.md", "`mirrorkit info` shows it on"), out)
 
 
 def test_info_reports_a_malformed_tf_config(mirrorkit_command, capsys, monkeypatch):

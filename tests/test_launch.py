@@ -125,6 +125,24 @@ def test_the_peers_of_a_failed_worker_are_killed_without_the_full_sigterm_grace(
     assert waited < processes.TERMINATE_GRACE_S, waited
 
 
+KILLED_SCRIPT = """
+import json, os, signal, time
+if json.loads(os.environ["TF_CONFIG"])["task"]["index"] == 1:
+    time.sleep(0.5)
+    os.kill(os.getpid(), signal.SIGKILL)  # as the kernel's OOM killer ends a worker
+time.sleep(60)
+"""
+
+
+def test_a_worker_killed_by_a_signal_is_named_with_it(tmp_path):
+    script = tmp_path / "killed.py"
+    script.write_text(textwrap.dedent(KILLED_SCRIPT))
+    done = _launch("-n", "2", "--no-pin", str(script), timeout=120)
+    assert done.returncode != 0
+    quote = quoted_block("failures.md", "the worker's traceback is in its output above:")
+    assert_quoted_in(quote, done.stderr)
+
+
 def _replicas_and_rank():
     import mirrorkit as mk
 
@@ -298,6 +316,8 @@ def test_launch_warns_when_no_private_network_is_possible(monkeypatch, capfd):
     said = capfd.readouterr().err
     assert "WARNING: could not make a private network namespace (unshare: Operation" in said
     assert "no authentication and listen on every interface" in said
+    quote = quoted_block("multi-worker.md", "Where that is impossible, the launcher warns")
+    assert_quoted_in(quote, said)
 
 
 def test_two_hosts_on_loopback_train_together(tmp_path):

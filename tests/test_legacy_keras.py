@@ -10,6 +10,7 @@ import json
 
 import keras
 import pytest
+from _quoted import assert_quoted_in, quoted_block
 
 import mirrorkit as mk
 from mirrorkit.cluster import legacy_keras
@@ -43,6 +44,7 @@ def test_mk_strategy_says_it_once_on_the_chief(monkeypatch, capsys):
     mk.strategy("one_device")
     err = capsys.readouterr().err
     assert err.count(NOTICE) == 1, err
+    assert_quoted_in(quoted_block("clusters/ray.md", "It leaves the variable as it is"), err)
     with strategy.scope():  # the model mirrorkit builds is Keras 3 whatever the variable says
         model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
     assert isinstance(model, keras.Model) and keras.__version__.startswith("3.")

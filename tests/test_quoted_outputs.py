@@ -70,10 +70,8 @@ KINDS = (NOT_YET, NO_RUN, NOT_OURS, TEMPLATE, MEASURED, OTHER_VERSIONS, COMPAT)
 
 #: Output blocks not compared yet, and why: this list only shrinks.
 NOT_COMPARED_YET: dict[str, str] = {
-    "absl-flags.md:mirrorkit: this script's default --bucket_mb 25 is not used:": NOT_YET,
     "clusters/kubeflow.md:mirrorkit: MultiWorkerMirroredStrategy, 2 replicas on 2 work": NOT_YET,
     "clusters/kubeflow.md:evaluator: held-out loss 0.8102, accuracy 0.6895": MEASURED,
-    "clusters/ray.md:mirrorkit: TF_USE_LEGACY_KERAS=1 is set (Ray Train sets it);": NOT_YET,
     "clusters/slurm.md:mirrorkit: Slurm: the step's 2 tasks on NODE share the 4 GPU": TEMPLATE,
     "clusters/slurm.md:Epoch 22/40": NO_RUN,
     "compat.md:mirrorkit: 25 Keras repairs active (keras 3.15.1); mirrorkit": COMPAT,
@@ -108,14 +106,10 @@ NOT_COMPARED_YET: dict[str, str] = {
     "compat.md:mirrorkit: fit's x is a dataset distributed without mk.distr": COMPAT,
     "compat.md:ValueError: Argument validation_split is only supported for ": COMPAT,
     "compat.md:ValueError: fit(validation_split=0.2) splits NumPy arrays or": COMPAT,
-    "failures.md:mirrorkit: worker 1 killed by SIGKILL; the other workers on ": NOT_YET,
     "guards.md:mirrorkit: ReplicaSyncCheck: 2 check(s), median 192.59 ms ea": MEASURED,
     "index.md:mirrorkit: ... Keras repairs active (keras 3.15.1); mirrorki": NOT_YET,
     "inputs.md:mirrorkit: WARNING: this dataset already takes one shard of ": NOT_YET,
-    "multi-worker.md:mirrorkit: WARNING: could not make a private network namespa": NOT_YET,
-    "multi-worker.md:mirrorkit: workers reach this machine's 127.0.0.1:5000 at th": NOT_YET,
     "multi-worker.md:mirrorkit: workers 2-3 of 4 on this host; cluster a:29470, a": TEMPLATE,
-    "multi-worker.md:cluster TF_CONFIG: 3 workers, this is worker 0, worker rank ": NOT_YET,
     "scale.md:mirrorkit: jit_compile=True: XLA cannot compile a step that ": NOT_YET,
     "scale.md:mirrorkit: jit_compile=True: XLA cannot compile predict's st": NOT_YET,
     "scale.md:equivalence PASSED: 10 steps of global batch 32 on 1, 2, 4 r": NOT_YET,
@@ -137,9 +131,6 @@ NOT_COMPARED_YET: dict[str, str] = {
     "throughput.md:replicas workers pinned examples/s per replica efficiency": MEASURED,
     "troubleshooting.md:WARNING: All log messages before absl::InitializeLog() is ca": NOT_OURS,
     "troubleshooting.md:E0000 ... UNAVAILABLE: Failed to send RPC to coordination se": NOT_OURS,
-    "tuning.md:mirrorkit: KerasTuner's oracle at 127.0.0.1:8000 is reached ": NOT_YET,
-    "versions.md:tested range TensorFlow 2.21.0, Keras 3.15.1: inside the tes": NOT_YET,
-    "versions.md:tested range TensorFlow 2.22.0-dev20260905, Keras 3.16.0.dev": OTHER_VERSIONS,
 }
 
 

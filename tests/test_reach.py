@@ -15,6 +15,7 @@ import sys
 import threading
 
 import pytest
+from _quoted import assert_quoted_in, quoted_block
 
 from mirrorkit.launcher import local_job, netns
 
@@ -100,6 +101,7 @@ def test_workers_reach_a_service_on_this_machine_with_reach_and_not_without(tmp_
         assert answers == {"0": "echo: hello from 0", "1": "echo: hello from 1"}
         assert service.connections == 2
         assert f"workers reach this machine's {address} at the same address (--reach)" in said
+        assert_quoted_in(quoted_block("multi-worker.md", "The launcher says so:"), said)
     finally:
         service.close()
 
@@ -116,6 +118,7 @@ def test_a_keras_tuner_workers_oracle_on_this_machine_is_reached_without_asking(
         answers, said = _launch(tmp_path, service.port, env=oracle)
         assert answers == {"0": "echo: hello from 0", "1": "echo: hello from 1"}
         assert f"KerasTuner's oracle at 127.0.0.1:{service.port} is reached" in said
+        assert_quoted_in(quoted_block("tuning.md", "What you will see from the launch:"), said)
     finally:
         service.close()
 

@@ -126,6 +126,8 @@ def test_sigterm_saves_at_one_step_and_the_next_launch_on_one_worker_resumes(tmp
     assert "SIGTERM: sent to 2 worker(s); waiting up to 30 s" in log
     assert re.search(r"worker \d was preempted \(SIGTERM\): every worker saved", log), log[-4000:]
     assert "RAN epoch 4" not in log, "the SIGTERM came too late to test anything"
+    # worker 1 wrote its own copy in TensorFlow's workertemp_1 beside the checkpoint: removed
+    assert sorted(p.name for p in tmp_path.glob("workertemp_*")) == [], log[-4000:]
     assert_quoted_in(quoted_block(PAGE, "What you see"), log)
     assert_quoted_in(quoted_block(PAGE, "A SIGTERM to the launcher first gives:"), log)
 
@@ -163,6 +165,7 @@ def test_sigterm_before_fits_last_step_completes_the_job_and_says_so(tmp_path):
     assert "fit completed instead, so there is nothing to resume" in log
     assert_quoted_in(quoted_block(PAGE, "The chief says:"), log)
     assert not (tmp_path / "preempt").exists()
+    assert sorted(p.name for p in tmp_path.glob("workertemp_*")) == []  # worker 1's, removed
     seed = int(re.search(r"shuffling with seed (\d+)", log).group(1))
     reference = _uninterrupted(seed, str(tmp_path / "reference"))
     np.testing.assert_allclose(np.load(tmp_path / "final.npy"), reference, rtol=0, atol=1e-6)

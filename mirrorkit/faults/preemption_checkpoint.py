@@ -236,8 +236,29 @@ class PreemptionCheckpoint(keras.callbacks.Callback):
         """A completed fit needs no checkpoint: the chief deletes it (and says a late SIGTERM)."""
         self._restore_train_function()
         self._say_if_completed_after_sigterm()
+        self._remove_worker_copy()
         if chief.is_chief() and os.path.isdir(self.checkpoint_dir):
             shutil.rmtree(self.checkpoint_dir, ignore_errors=True)
+
+    def _remove_worker_copy(self) -> None:
+        """On a worker that is not the chief: removes the directory of its own copy.
+
+        TensorFlow's handler has every worker write the checkpoint, the others into
+        ``workertemp_<task>`` beside `checkpoint_dir`, which it makes at the start and never
+        removes: only the chief's copy is read back.
+        """
+        if chief.is_chief():
+            return
+        manager = internals.optional(
+            self._handler,
+            "_write_checkpoint_manager",
+            name="tf PreemptionCheckpointHandler._write_checkpoint_manager",
+            used_for="removing a non-chief worker's copy of the preemption checkpoint "
+            "(without it its workertemp_<task> directory is left beside checkpoint_dir)",
+        )
+        own = os.path.dirname(os.path.normpath(manager.directory)) if manager else ""
+        if os.path.basename(own).startswith("workertemp_") and os.path.isdir(own):
+            shutil.rmtree(own, ignore_errors=True)
 
     # -- a SIGTERM after the last step boundary ------------------------------
 
@@ -318,6 +339,7 @@ class PreemptionCheckpoint(keras.callbacks.Callback):
             # every worker leaves once every worker has saved: a launcher that stops the
             # others when the first exits then stops none in the middle of its save
             strategy.reduce("SUM", strategy.run(lambda: tf.constant(1.0)), axis=None)
+        self._remove_worker_copy()  # the chief's copy is the one a resumed run reads
         chief.print(
             f"mirrorkit: preempted (SIGTERM): checkpoint saved in {self.checkpoint_dir} at epoch "
             f"{int(self._epoch.numpy()) + 1} step {int(self._step.numpy())}; exiting with status "

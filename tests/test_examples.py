@@ -68,6 +68,7 @@ def test_bert_multiworker_smoke_under_launch():
     assert "all-reduce CollectiveAllReduce (RING)" in output
     assert "64,285 words in 79 topics" in output  # the standard library's own help text
     assert "held-out masked-token accuracy" in output and "unigram baseline" in output
+    assert_quoted_in(quoted_block("scenarios.md", "It first prints what it trains on:"), output)
 
 
 @pytest.mark.multiprocess
@@ -83,6 +84,7 @@ def test_recommender_multiworker_smoke_reads_own_files(tmp_path):
     assert w0 in output and w1 in output
     assert "MultiWorkerMirroredStrategy, 2 replicas on 2 workers" in output
     assert "recall@10" in output and "popularity baseline" in output
+    assert_quoted_in(quoted_block("scenarios.md", "The log shows which files each worker"), output)
 
 
 def _help_texts():

@@ -116,8 +116,6 @@ NOT_COMPARED_YET: dict[str, str] = {
     "scale.md:equivalence FAILED: 10 steps of global batch 32 on 1, 2 repl": NOT_YET,
     "scale.md:memory per replica at per-replica batch 1024:": MEASURED,
     "scenarios.md:test accuracy 0.9554 (loss 0.0935) on 359 held-out digits; 2": MEASURED,
-    "scenarios.md:[w0] 64,285 words in 79 topics; vocabulary 2,003; 12,584 tra": NOT_YET,
-    "scenarios.md:[w0] worker 0 of 2 reads 4 of 8 files: interactions-00000, i": NOT_YET,
     "scenarios.md:[w0] recall@10 0.5345 (popularity baseline 0.1845) on 2,000 ": MEASURED,
     "throughput.md:epoch 1: 36,389.6 examples/s (18,194.8 per replica x 2), ste": MEASURED,
     "throughput.md:Throughput: 2 replicas on 1 worker(s), global batch 256": MEASURED,

@@ -33,7 +33,13 @@ def clean_model():
 
 
 def batch_norm_model():
-    model = keras.Sequential(_layers(keras.layers.BatchNormalization()))
+    """`_layers` around a BatchNormalization, named as in a fresh session (scale.md quotes it)."""
+    first, last = (
+        keras.layers.Dense(4, activation="tanh", name="dense"),
+        keras.layers.Dense(1, name="dense_1"),
+    )
+    norm = keras.layers.BatchNormalization(name="batch_normalization")
+    model = keras.Sequential([keras.Input((6,)), first, norm, last], name="sequential")
     model.compile(optimizer=keras.optimizers.SGD(0.1), loss="mse")
     return model
 
@@ -209,6 +215,9 @@ def test_a_planted_cause_fails_and_is_named(model_fn, named):
     assert not report.passed
     assert any(named in cause for cause in report.causes), str(report)
     assert "equivalence FAILED" in str(report) and named in str(report)
+    if model_fn is batch_norm_model:
+        quote = quoted_block("scale.md", "on a model with an unsynchronised `BatchNormalization`")
+        assert_quoted_in(quote, str(report))
 
 
 @pytest.mark.multiprocess  # mk.check_equivalence trains in fresh processes

@@ -112,6 +112,11 @@ def test_a_dataset_that_already_shards_is_said_once_to_be_sharded_again(job):
     assert unsharded == [] and on_worker_1 == []  # the chief says it, once
     assert len(sharded) == 1 and "divides it between the 2 workers again" in sharded[0]
     assert "(docs: inputs/#a-pipeline-that-already-shards-per-worker)" in sharded[0]
+    from _quoted import assert_quoted_in, quoted_block
+
+    # as mirrorkit's notices handler writes them: "mirrorkit: " and the record's message
+    said = "".join(f"mirrorkit: {message}\n" for message in sharded)
+    assert_quoted_in(quoted_block("inputs.md", "`dataset.shard`, the chief says so:"), said)
     assert off == [
         "input not split among the 2 workers (shard='off'): each worker reads all of its own "
         "input, its share of each global batch a step; give every worker as many examples"

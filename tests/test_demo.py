@@ -130,3 +130,5 @@ def test_demo_reaches_the_stated_accuracy_on_the_bundled_digits():
     assert accuracy >= 0.95, out
     assert "reached the stated 0.95" in out
     assert not re.search(r"cudart_stub|absl::InitializeLog", out + done.stderr)  # clean start
+    quote = quoted_block("index.md", "`mirrorkit demo` prints this (lines shortened")
+    assert_quoted_in(quote, done.stderr + out)

@@ -107,7 +107,6 @@ NOT_COMPARED_YET: dict[str, str] = {
     "compat.md:ValueError: Argument validation_split is only supported for ": COMPAT,
     "compat.md:ValueError: fit(validation_split=0.2) splits NumPy arrays or": COMPAT,
     "guards.md:mirrorkit: ReplicaSyncCheck: 2 check(s), median 192.59 ms ea": MEASURED,
-    "index.md:mirrorkit: ... Keras repairs active (keras 3.15.1); mirrorki": NOT_YET,
     "multi-worker.md:mirrorkit: workers 2-3 of 4 on this host; cluster a:29470, a": TEMPLATE,
     "scale.md:mirrorkit: jit_compile=True: XLA cannot compile a step that ": NOT_YET,
     "scale.md:mirrorkit: jit_compile=True: XLA cannot compile predict's st": NOT_YET,

@@ -102,6 +102,15 @@ def test_the_site_builds_in_strict_mode(tmp_path):
     hits = {d["location"].split("#")[0] for d in index if "Unreleased" in d["text"] + d["title"]}
     assert hits == {"changelog/"}, hits
     _how_do_i_answers_are_found(index)
+    # the search box splits at . and _ too: `gradienttape` finds tf.GradientTape
+    separator = json.loads((site / "search" / "search_index.json").read_text())["config"]
+    separator = separator["separator"]
+    assert [w for w in re.split(separator, "tf.GradientTape mixed_float16") if w] == [
+        "tf",
+        "GradientTape",
+        "mixed",
+        "float16",
+    ], separator
     _named_pages_exist(site)
 
 
@@ -175,6 +184,9 @@ QUESTIONS = {
     "a tracking server on this machine": ("--reach", "multi-worker/"),
     "an MLflow server on this machine": ("MLflow", "multi-worker/"),
     "running out of GPU memory": ("ResourceExhaustedError", "scale/"),
+    "KerasTuner's Hyperband": ("Hyperband", "tuning/"),
+    "a GradientTape loop": ("GradientTape", "own-train-step/"),
+    "a job that prints nothing": ("prints nothing", "failures/"),
 }
 
 

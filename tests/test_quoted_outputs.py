@@ -115,7 +115,7 @@ NOT_COMPARED_YET: dict[str, str] = {
     + "; comparing it would run its 16 s example a second time",
     "scenarios.md:test accuracy 0.9554 (loss 0.0935) on 359 held-out digits; 2": MEASURED,
     "scenarios.md:[w0] recall@10 0.5345 (popularity baseline 0.1845) on 2,000 ": MEASURED,
-    "throughput.md:epoch 1: 36,389.6 examples/s (18,194.8 per replica x 2), ste": MEASURED,
+    "throughput.md:epoch 1: 51,370.3 examples/s (25,685.1 per replica x 2), ste": MEASURED,
     "throughput.md:Throughput: 2 replicas on 1 worker(s), global batch 256": MEASURED,
     "throughput.md:[w0] epoch 1: 165,699.8 examples/s (82,849.9 per replica x 2": MEASURED,
     "throughput.md:epoch 1: 5,259.4 examples/s (2,629.7 per replica x 2), step ": MEASURED,

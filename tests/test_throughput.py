@@ -355,3 +355,20 @@ def test_straggler_is_flagged_only_when_one_worker_is_slow(slow_worker):
 
     reports = run_workers(fit_with_one_slow_worker, slow_worker, n=2)
     check_straggler_reports(reports, slow_worker)
+
+
+def test_the_pages_json_sample_has_the_fields_of_the_report():
+    """docs/throughput.md's `throughput.json` sample: the report's fields, in its order (a field
+    added to or renamed in `EpochThroughput` or `ThroughputReport` fails here until the page
+    shows a run of today's report)."""
+    import dataclasses
+    import pathlib
+
+    page = pathlib.Path(__file__).resolve().parent.parent / "docs" / "throughput.md"
+    text = page.read_text().split("Here is the start of `throughput.json`", 1)[1]
+    sample = text.split("```json\n", 1)[1].split("```", 1)[0].replace("    ...\n", "")
+    sample = json.loads(sample.replace("},\n  ]", "}\n  ]"))  # the ... after the first epoch
+    top = [f.name for f in dataclasses.fields(report_module.ThroughputReport)]
+    assert list(sample) == top
+    epoch = [f.name for f in dataclasses.fields(report_module.EpochThroughput)]
+    assert list(sample["epochs"][0]) == epoch

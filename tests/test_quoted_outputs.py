@@ -21,11 +21,14 @@ compared yet visible, and keeps their list from growing:
   blank is ``<!-- printed by the example above -->``, which
   ``test_doc_examples.test_a_quoted_output_is_what_its_example_prints`` compares with what
   the page's python example above it prints.
-- **Every other output block is in `NOT_COMPARED_YET`**, keyed ``page:first words`` (the
-  first line that is not blank, ``...`` or a ``$ command``, whitespace collapsed, cut at 60
-  characters), with why it is not compared. The test fails on an output block that is
-  neither (compare it, or list it with a reason), and on a listed key whose block is now
-  compared or gone (take it off the list), so the list only shrinks.
+- **Every other output block is in `NOT_COMPARED_YET`**, keyed ``page:first words``, with
+  why it is not compared. The words are how the block's text begins (its lines but blank
+  ones, ``...`` and ``$ command``, whitespace collapsed, joined by `` / ``), 60 characters
+  of them (`key_for`: fewer, then ``...`` and the start of a later line, where 60 would name
+  two blocks). In a key, ``...`` stands for any text and a number for any number, so a block
+  whose figures are refreshed keeps its key. The test fails on an output block that is neither
+  (compare it, or list it with a reason: the failure suggests its key), on a key that names
+  no block, or a compared one (take it off the list), or two, so the list only shrinks.
 
 Run this file with Python to print the counts, by reason::
 
@@ -115,14 +118,14 @@ NOT_COMPARED_YET: dict[str, str] = {
     + "; comparing it would run its 16 s example a second time",
     "scenarios.md:test accuracy 0.9554 (loss 0.0935) on 359 held-out digits; 2": MEASURED,
     "scenarios.md:[w0] recall@10 0.5345 (popularity baseline 0.1845) on 2,000 ": MEASURED,
-    "throughput.md:epoch 1: 51,370.3 examples/s (25,685.1 per replica x 2), ste": MEASURED,
-    "throughput.md:Throughput: 2 replicas on 1 worker(s), global batch 256": MEASURED,
-    "throughput.md:[w0] epoch 1: 165,699.8 examples/s (82,849.9 per replica x 2": MEASURED,
-    "throughput.md:epoch 1: 5,259.4 examples/s (2,629.7 per replica x 2), step ": MEASURED,
-    "throughput.md:epoch 2: 8,125.0 examples/s (4,062.5 per replica x 2), step ": MEASURED,
-    "throughput.md:epoch 2: 26,800.1 examples/s (13,400.1 per replica x 2), ste": MEASURED,
-    "throughput.md:[w0] epoch 2: 30,337.7 examples/s (15,168.8 per replica x 2)": MEASURED,
-    "throughput.md:Throughput: 2 replicas on 1 worker(s), global batch 8": MEASURED,
+    "throughput.md:epoch 1: 51,370.3 examples/s ( ... compute-bound: compute share 0": MEASURED,
+    "throughput.md:Throughput: 2 replicas on 1 wo ... epochs 1-3 (3 epochs): no bott": MEASURED,
+    "throughput.md:[w0] epoch 1: 165,699.8 exampl ... [w0] compute-bound: compute sh": MEASURED,
+    "throughput.md:epoch 1: 5,259.4 examples/s (2 ... input-bound: 75% of each step ": MEASURED,
+    "throughput.md:epoch 2: 8,125.0 examples/s (4 ... host-bound: 65% of each step i": MEASURED,
+    "throughput.md:epoch 2: 26,800.1 examples/s ( ... epoch-overhead: 66% of the epo": MEASURED,
+    "throughput.md:[w0] epoch 2: 30,337.7 example ... [w0] communication-bound: comp": MEASURED,
+    "throughput.md:Throughput: 2 replicas on 1 wo ... epochs 1-2 (2 epochs): communi": MEASURED,
     "throughput.md:epoch 2: slow replica: replica 1 works 36.1 ms a step, the o": MEASURED,
     "throughput.md:replicas workers pinned examples/s per replica efficiency": MEASURED,
     "troubleshooting.md:WARNING: All log messages before absl::InitializeLog() is ca": NOT_OURS,
@@ -130,13 +133,12 @@ NOT_COMPARED_YET: dict[str, str] = {
 }
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class Block:
     """An output block of a user page."""
 
     page: str  # under docs/
     line: int  # the fence's line, from 1
-    key: str  # "page:first words"
     body: list[str]  # without the fence's indentation
     before: str  # the line before the fence
     above: str  # the last line before the fence that is not blank
@@ -145,14 +147,55 @@ class Block:
     def where(self) -> str:
         return f"docs/{self.page}:{self.line}"
 
+    @property
+    def text(self) -> list[str]:
+        """Its lines but blank ones, ``...`` and ``$ command``, whitespace collapsed."""
+        lines = [" ".join(line.split()) for line in self.body]
+        kept = [x for x in lines if x not in ("", "...") and not x.startswith("$ ")]
+        return kept or [x for x in lines if x]
 
-def key_of(page: str, body: list[str]) -> str:
-    """``page:first words``: the first line not blank, ``...`` or ``$ ...``, collapsed."""
-    words = [" ".join(line.split()) for line in body]
-    first = next((w for w in words if w not in ("", "...") and not w.startswith("$ ")), "")
-    if not first:
-        first = words[0] if words else ""
-    return f"{page}:{first[:KEY_LENGTH]}"
+
+_NUMBER = re.compile(r"\d[\d,.]*")
+
+
+def _figures_out(text: str) -> str:
+    return _NUMBER.sub("N", text)
+
+
+def listed_as(key: str, block: Block) -> bool:
+    """Whether `key` (``page:words``) names `block`: its text begins with the words.
+
+    In the words, ``...`` (and the spaces around it) stands for any text, and a number for any
+    number.
+    """
+    page, _, words = key.partition(":")
+    if page != block.page:
+        return False
+    parts = re.split(r"\s*\.\.\.\s*", words)
+    pattern = ".*".join(re.escape(_figures_out(part)) for part in parts)
+    return re.match(pattern, _figures_out(" / ".join(block.text))) is not None
+
+
+def key_for(block: Block, page_blocks: list[Block]) -> str:
+    """The key that names `block` alone among its page's output blocks.
+
+    Its first 60 characters; where they name another block too, its first 30, then ``...``
+    and the start (30 characters) of each later line that tells it from those blocks.
+    """
+    first, *later = block.text or [""]
+    key = f"{block.page}:{first[:KEY_LENGTH]}"
+    if not any(listed_as(key, other) for other in page_blocks if other is not block):
+        return key
+    key = f"{block.page}:{first[: KEY_LENGTH // 2]}"
+    others = [other for other in page_blocks if other is not block and listed_as(key, other)]
+    for line in later:
+        longer = f"{key} ... {line[: KEY_LENGTH // 2]}"
+        fewer = [other for other in others if listed_as(longer, other)]
+        if len(fewer) < len(others):
+            key, others = longer, fewer
+        if not others:
+            break
+    return key
 
 
 def output_blocks() -> list[Block]:
@@ -172,7 +215,7 @@ def output_blocks() -> list[Block]:
                 body = [line.removeprefix(indent) for line in lines[i + 1 : end]]
                 before = lines[i - 1] if i else ""
                 above = next((line for line in reversed(lines[:i]) if line.strip()), "")
-                blocks.append(Block(page, i + 1, key_of(page, body), body, before, above))
+                blocks.append(Block(page, i + 1, body, before, above))
             i = end + 1
     return blocks
 
@@ -257,25 +300,26 @@ def _indent(block: Block) -> str:
     return line[: len(line) - len(line.lstrip())]
 
 
-def inventory() -> tuple[dict[str, str], dict[str, Block]]:
-    """(key: how it is compared) for the compared blocks, (key: block) for the others."""
-    done, left = {}, {}
+def inventory() -> tuple[dict[Block, str], list[Block]]:
+    """{block: how it is compared} for the compared blocks, and the others."""
+    done, left = {}, []
     for block in output_blocks():
-        assert block.key not in done and block.key not in left, (
-            f"{block.where}: two output blocks of docs/{block.page} begin {block.key!r}; "
-            f"make their first words differ, or raise KEY_LENGTH"
-        )
         how = compared(block)
         if how:
-            done[block.key] = how
+            done[block] = how
         else:
-            left[block.key] = block
+            left.append(block)
     return done, left
 
 
 def test_every_output_block_is_compared_or_listed_with_why_not():
-    _, left = inventory()
-    new = [f"{b.where}: {k!r}" for k, b in left.items() if k not in NOT_COMPARED_YET]
+    done, left = inventory()
+    blocks = [*done, *left]
+    new = [
+        f"{b.where}: {key_for(b, [o for o in blocks if o.page == b.page])!r}"
+        for b in left
+        if not any(listed_as(key, b) for key in NOT_COMPARED_YET)
+    ]
     assert not new, (
         "output blocks neither compared with what their program prints nor listed in "
         "NOT_COMPARED_YET (compare each, as tests/_quoted.py says, or list it with why):\n"
@@ -285,10 +329,15 @@ def test_every_output_block_is_compared_or_listed_with_why_not():
 
 def test_the_not_compared_list_only_shrinks():
     done, left = inventory()
-    now_compared = [key for key in NOT_COMPARED_YET if key in done]
-    gone = [key for key in NOT_COMPARED_YET if key not in done and key not in left]
+    named = {key: [b for b in [*done, *left] if listed_as(key, b)] for key in NOT_COMPARED_YET}
+    gone = [key for key, blocks in named.items() if not blocks]
+    twice = {key: [b.where for b in blocks] for key, blocks in named.items() if len(blocks) > 1}
+    now_compared = [key for key, blocks in named.items() if blocks and blocks[0] in done]
+    listed_twice = [b.where for b in left if sum(b in blocks for blocks in named.values()) > 1]
     assert not now_compared, f"compared now, take them off NOT_COMPARED_YET: {now_compared}"
     assert not gone, f"no output block begins so any more, take them off the list: {gone}"
+    assert not twice, f"keys that name more than one block, make them longer: {twice}"
+    assert not listed_twice, f"blocks listed under two keys: {listed_twice}"
 
 
 def test_every_reason_is_one_of_the_kinds():
@@ -300,7 +349,8 @@ def test_every_reason_is_one_of_the_kinds():
 
 def counts() -> str:
     done, left = inventory()
-    by_kind = collections.Counter(NOT_COMPARED_YET.get(k, "?").split(";")[0] for k in left)
+    why = [next((r for k, r in NOT_COMPARED_YET.items() if listed_as(k, b)), "?") for b in left]
+    by_kind = collections.Counter(reason.split(";")[0] for reason in why)
     lines = [f"compared: {len(done)}", f"not compared yet: {len(left)}"]
     lines += [f"  {n:3}  {kind}" for kind, n in by_kind.most_common()]
     return "\n".join(lines)

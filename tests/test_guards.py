@@ -90,7 +90,7 @@ def test_nan_on_one_replica_stops_at_that_step_and_keeps_checkpoint(tmp_path):
         np.testing.assert_array_equal(got, want)  # the file is the state after step 6
 
 
-def test_clean_run_trains_like_without_guard():
+def test_clean_run_trains_like_without_guard(capfd):
     import tensorflow as tf
 
     strategy = mk.strategy(cpu_replicas=2)
@@ -108,6 +108,8 @@ def test_clean_run_trains_like_without_guard():
         np.testing.assert_array_equal(got, want)
     assert len(callbacks[1].costs_s) == 4  # 12 steps / 3
     assert all(cost > 0 for cost in callbacks[1].costs_s)
+    said = capfd.readouterr().err
+    assert_quoted_in(quoted_block("guards.md", "the chief prints the number of checks"), said)
 
 
 def _named_model():

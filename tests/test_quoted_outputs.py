@@ -108,7 +108,6 @@ NOT_COMPARED_YET: dict[str, str] = {
     "compat.md:mirrorkit: fit's x is a dataset distributed without mk.distr": COMPAT,
     "compat.md:ValueError: Argument validation_split is only supported for ": COMPAT,
     "compat.md:ValueError: fit(validation_split=0.2) splits NumPy arrays or": COMPAT,
-    "guards.md:mirrorkit: ReplicaSyncCheck: 2 check(s), median 192.59 ms ea": MEASURED,
     "multi-worker.md:mirrorkit: workers 2-3 of 4 on this host; cluster a:29470, a": TEMPLATE,
     "scale.md:mirrorkit: jit_compile=True: XLA cannot compile a step that ": NOT_YET
     + "; the tests that print it are test_compat.py's, left to the repairs' work",

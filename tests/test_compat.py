@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 from _models import tiny_model
+from _quoted import assert_quoted_in, quoted_block
 
 import mirrorkit as mk
 from mirrorkit import compat
@@ -187,17 +188,22 @@ def test_repairs_are_said_in_one_line_once(monkeypatch, capfd):
     ]
 
 
-def test_the_docs_quote_the_repairs_two_replicas_get():
+def test_the_docs_quote_the_repairs_two_replicas_get(monkeypatch, capfd):
     """The Keras repairs page quotes mk.strategy(cpu_replicas=2)'s line with its count.
 
     It is the one page that quotes the count (the others write it as ``...``), so a new repair
-    changes the count in its own account's page only.
+    changes the count in its own account's page only. The quoted line is the one printed.
     """
     import pathlib
     import re
 
+    from mirrorkit import notices
+
+    monkeypatch.setattr(notices, "_said", set())
     compat.disable()
+    capfd.readouterr()
     mk.strategy(cpu_replicas=2)
+    said = capfd.readouterr().err
     count = len([name for name in compat.active() if name != "keras_hub_inputs"])  # not imported
     docs = pathlib.Path(__file__).resolve().parent.parent / "docs"
     quoted = {}
@@ -210,6 +216,8 @@ def test_the_docs_quote_the_repairs_two_replicas_get():
     if any(version != keras.__version__ for _, version in quoted.values()):
         pytest.skip(f"the docs quote another Keras: {quoted}")
     assert {page: int(n) for page, (n, _) in quoted.items()} == dict.fromkeys(quoted, count)
+    if "keras_hub_inputs" not in compat.active():  # keras-hub imported: the chief counts it
+        assert_quoted_in(quoted_block("compat.md", "`mk.strategy(cpu_replicas=2)` on Keras"), said)
 
 
 def _in_order(names) -> list[str]:
@@ -388,8 +396,11 @@ def _assert_same_training(a, b, atol=1e-5):
 def test_steps_per_execution_fails_upstream(without_repairs):
     strategy = mk.strategy(cpu_replicas=2)
     compat.disable()
-    with pytest.raises(Exception, match="placeholder"):
+    with pytest.raises(Exception, match="placeholder") as caught:
         _train(strategy, steps_per_execution=4)
+    assert_quoted_in(
+        quoted_block("compat.md", "followed by `fit` on two or more"), str(caught.value)
+    )
 
 
 def test_steps_per_execution_on_two_replicas_equals_one_device(one_device_reference):
@@ -402,14 +413,24 @@ def test_steps_per_execution_on_two_replicas_equals_one_device(one_device_refere
 def test_jit_compile_fails_upstream(without_repairs):
     strategy = mk.strategy(cpu_replicas=2)
     compat.disable()
-    with pytest.raises(Exception, match="located in device"):
+    with pytest.raises(Exception, match="located in device") as caught:
         _train(strategy, jit_compile=True)
+    assert_quoted_in(
+        quoted_block("compat.md", "on two or more replicas fails, with or"), str(caught.value)
+    )
 
 
 def test_jit_compile_on_two_replicas_trains_and_says_so(one_device_reference, capfd):
     reference = one_device_reference
     _assert_same_training(_train(mk.strategy(cpu_replicas=2), jit_compile=True), reference)
-    assert "XLA cannot compile a step that spans" in capfd.readouterr().err
+    said = capfd.readouterr().err
+    assert "XLA cannot compile a step that spans" in said
+    assert_quoted_in(
+        quoted_block("compat.md", "The step is compiled without XLA, and the chief"), said
+    )
+    assert_quoted_in(
+        quoted_block("scale.md", "There `compile(jit_compile=True)` trains without XLA"), said
+    )
 
 
 @pytest.fixture

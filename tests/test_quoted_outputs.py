@@ -76,16 +76,12 @@ NOT_COMPARED_YET: dict[str, str] = {
     "clusters/kubeflow.md:evaluator: held-out loss 0.8102, accuracy 0.6895": MEASURED,
     "clusters/slurm.md:mirrorkit: Slurm: the step's 2 tasks on NODE share the 4 GPU": TEMPLATE,
     "clusters/slurm.md:Epoch 22/40": NO_RUN,
-    "compat.md:mirrorkit: 25 Keras repairs active (keras 3.15.1); mirrorkit": COMPAT,
     "compat.md:mirrorkit uses the private internal keras <module>.<target> ": COMPAT,
     "compat.md:tested range TensorFlow 2.21.0, Keras 3.15.1: inside the tes": COMPAT,
     "compat.md:[]": COMPAT,
     "compat.md:mirrorkit: TensorFlow <version> / Keras <version> is newer t": COMPAT,
     "compat.md:ValueError: Attempt to convert a value (PerReplica:{...}) ..": COMPAT,
     "compat.md:Invalid reduction dimension 0 for input with 0 dimensions": COMPAT,
-    "compat.md:You must feed a value for placeholder tensor 'while/cond/Pla": COMPAT,
-    "compat.md:Trying to access resource ... located in device CPU:1 from d": COMPAT,
-    "compat.md:mirrorkit: jit_compile=True: XLA cannot compile a step that ": COMPAT,
     "compat.md:We failed to lift variable creations out of this tf.function": COMPAT,
     "compat.md:mirrorkit: jit_compile=True: XLA cannot compile predict's st": COMPAT,
     "compat.md:mirrorkit: VAE overrides train_step: inside fit, mirrorkit m": COMPAT,
@@ -109,8 +105,6 @@ NOT_COMPARED_YET: dict[str, str] = {
     "compat.md:ValueError: Argument validation_split is only supported for ": COMPAT,
     "compat.md:ValueError: fit(validation_split=0.2) splits NumPy arrays or": COMPAT,
     "multi-worker.md:mirrorkit: workers 2-3 of 4 on this host; cluster a:29470, a": TEMPLATE,
-    "scale.md:mirrorkit: jit_compile=True: XLA cannot compile a step that ": NOT_YET
-    + "; the tests that print it are test_compat.py's, left to the repairs' work",
     "scale.md:mirrorkit: jit_compile=True: XLA cannot compile predict's st": NOT_YET
     + "; the tests that print it are test_compat.py's, left to the repairs' work",
     "scale.md:equivalence PASSED: 10 steps of global batch 32 on 1, 2, 4 r": NOT_YET

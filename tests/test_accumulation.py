@@ -11,6 +11,7 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
+from _quoted import assert_quoted_in, quoted_block
 
 import mirrorkit as mk
 from mirrorkit import compat
@@ -96,10 +97,14 @@ def test_keras_alone_fails_under_two_replicas():
     strategy = mk.strategy(cpu_replicas=2)  # applies the repairs; then take them away
     compat.disable()
     try:
-        with pytest.raises(RuntimeError, match="merge_call"):
+        with pytest.raises(RuntimeError, match="merge_call") as caught:
             _train(strategy, "sgd", accumulate=True, batch=MICRO_BATCH)
     finally:
         compat.enable()
+    assert_quoted_in(
+        quoted_block("compat.md", "An optimizer built with `gradient_accumulation_steps=K`"),
+        str(caught.value),
+    )
 
 
 def test_ema_with_accumulation_across_replicas_is_refused_clearly():
@@ -113,8 +118,13 @@ def test_ema_with_accumulation_across_replicas_is_refused_clearly():
 
     x, y = _data()
     model = mk.build(make, mk.strategy(cpu_replicas=2))
-    with pytest.raises(ValueError, match="use_ema=True is not supported with 2 replicas"):
+    with pytest.raises(ValueError, match="use_ema=True is not supported with 2 replicas") as caught:
         model.fit(x, y, batch_size=MICRO_BATCH, epochs=1, verbose=0)
+    said = f"{type(caught.value).__name__}: {caught.value}"
+    assert_quoted_in(
+        quoted_block("compat.md", "`use_ema=True` together with `gradient_accumulation_steps`"),
+        said,
+    )
 
 
 def accumulate_on_workers(strategy):

@@ -86,6 +86,7 @@ def test_build_says_once_which_layers_and_the_option(capfd, _forget_said):
     assert "1 BatchNormalization layer(s) (batch_normalization" in said
     assert "each replica's 1/2 of the global batch" in said
     assert_quoted_in(quoted_block("scale.md", "prints a notice, once:"), said)
+    assert_quoted_in(quoted_block("compat.md", "layers that normalise per replica (here"), said)
 
 
 @pytest.mark.parametrize("replicas, synchronized", [(1, False), (2, True)])

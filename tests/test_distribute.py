@@ -4,6 +4,7 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
+from _quoted import assert_quoted_in, quoted_block
 
 import mirrorkit as mk
 from mirrorkit import distributed_data, notices
@@ -394,10 +395,32 @@ def test_class_weight_without_the_repair_is_keras_attribute_error():
     )
     class_weight.REPAIR.remove()
     try:
-        with pytest.raises(AttributeError, match="has no attribute 'map'"):
+        with pytest.raises(AttributeError, match="has no attribute 'map'") as caught:
             model.fit(data, class_weight={0: 1.0, 1: 2.0}, verbose=0)
     finally:
         class_weight.REPAIR.apply()
+    said = f"{type(caught.value).__name__}: {caught.value}"
+    assert_quoted_in(
+        quoted_block("compat.md", "the same with plain `strategy.experimental_distribute_dataset`"),
+        said,
+    )
+
+
+def test_class_weight_on_a_distributed_dataset_is_said_once(monkeypatch, capfd):
+    import keras
+
+    monkeypatch.setattr(notices, "_said", set())
+    strategy = _strategy(2)
+    model = mk.build(
+        lambda: _compiled(keras.Sequential([keras.Input((2,)), keras.layers.Dense(2)])), strategy
+    )
+    data = mk.distribute(
+        (np.ones((8, 2), "float32"), np.zeros(8, "int32")), strategy, global_batch_size=4
+    )
+    capfd.readouterr()
+    model.fit(data, class_weight={0: 1.0, 1: 2.0}, verbose=0)
+    said = capfd.readouterr().err
+    assert_quoted_in(quoted_block("compat.md", "distributed. The chief prints:"), said)
 
 
 def test_a_cache_after_a_shuffle_is_said_in_training(capfd):

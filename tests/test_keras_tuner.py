@@ -18,14 +18,13 @@ from __future__ import annotations
 
 import json
 import os
-import pathlib
 import random
-import re
 import socket
 import subprocess
 import sys
 
 import pytest
+from _quoted import assert_quoted_in, quoted_block
 
 pytest.importorskip("keras_tuner", reason="the tuner extra: pip install -e '.[tuner]'")
 
@@ -147,9 +146,9 @@ def test_workers_handed_different_trials_stop_naming_each_workers_trial(tmp_path
     assert "the workers of one multi-worker job must train the same KerasTuner trial" in said
     assert "worker 0 got trial 0; worker 1 got trial 0 (this worker's trial" in said
     assert "Give every worker of the job the same KERASTUNER_TUNER_ID" in said
-    page = (pathlib.Path(ROOT) / "docs" / "compat.md").read_text()
-    quoted = re.search(r"^RuntimeError: the workers of one multi-worker job.*$", page, re.M)[0]
-    assert f"[w0] {quoted}" in said.splitlines(), "docs/compat.md quotes worker 0's error"
+    quote = quoted_block("compat.md", "have different seeds, without a chief oracle, each print:")
+    worker_0 = [line.removeprefix("[w0] ") for line in said.splitlines() if line.startswith("[w0]")]
+    assert_quoted_in(quote, "\n".join(worker_0))  # compat.md quotes worker 0's error
 
 
 def _oracle(seed, directory):

@@ -11,6 +11,7 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
+from _quoted import assert_quoted_in, quoted_block
 
 import mirrorkit as mk
 from mirrorkit import distributed_data
@@ -185,6 +186,7 @@ def test_a_dataset_distributed_elsewhere_is_left_alone_and_said_once(monkeypatch
     said = capfd.readouterr().err
     assert said.count("fit's x is a dataset distributed without mk.distribute") == 1, said
     assert "keeps one iterator for the whole fit" in said
+    assert_quoted_in(quoted_block("compat.md", "For it, a `fit` over"), said)
     assert len(made) == per_epoch * (1 + 3 + 2)  # unchanged: Keras's iterators every epoch
     model.fit(mk.distribute((X, Y), strategy, global_batch_size=32, seed=7), epochs=2, verbose=0)
     assert "distributed without" not in capfd.readouterr().err  # mirrorkit's own: kept, not said

@@ -339,6 +339,8 @@ def test_a_model_built_outside_the_scope_is_told_what_to_do(tmp_path):
         model.fit(data, epochs=1, verbose=0)
     quote = quoted_block("own-train-step.md", "Handed an `mk.distribute` dataset, `fit`")
     assert_quoted_in(quote, f"ValueError: {err.value}")
+    quote = quoted_block("compat.md", "error that names the cause (here for a `Sequential` model)")
+    assert_quoted_in(quote, f"ValueError: {err.value}")
     # What the error says for a model already trained: save it, load it under the scope.
     model.fit(X, X[:, 0, :1, 0], epochs=1, verbose=0)
     model.save(tmp_path / "model.keras")

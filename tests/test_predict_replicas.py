@@ -8,6 +8,7 @@ itself builds, compiled with XLA, and an output structure (`mirrorkit.compat.pre
 import keras
 import numpy as np
 import pytest
+from _quoted import assert_quoted_in, quoted_block
 
 import mirrorkit as mk
 from mirrorkit import compat
@@ -94,6 +95,12 @@ def test_xla_is_left_out_of_predict_across_replicas_and_said_once(capfd):
     said = capfd.readouterr().err
     assert said.count("predict's step runs compiled without XLA") == 1
     assert "on the 2 replicas of MirroredStrategy" in said
+    assert_quoted_in(
+        quoted_block("compat.md", "compiled without XLA, as the train step is, and"), said
+    )
+    assert_quoted_in(
+        quoted_block("scale.md", "predict steps run compiled without XLA, and the chief"), said
+    )
 
 
 @pytest.mark.upstream
@@ -104,8 +111,10 @@ def test_keras_alone_cannot_predict_with_xla_or_one_batch_across_replicas():
     for repair in compat.predict_step.REPAIRS:
         repair.remove()
     try:
-        with pytest.raises(Exception, match="lift variable creations"):
+        with pytest.raises(Exception, match="lift variable creations") as caught:
             predictions(strategy, "unbuilt", "predict", 32)
+        quote = quoted_block("compat.md", "`predict` builds itself (no `keras.Input`")
+        assert_quoted_in(quote, str(caught.value))
         assert predictions(strategy, "built", "predict_on_batch", 16, False).shape == (32, 2)
     finally:
         compat.enable()

@@ -40,6 +40,8 @@ def test_info_says_what_the_versions_page_quotes_of_a_released_and_the_next_pair
 
     released = quoted_block("versions.md", "says whether the installed pair is inside")
     assert_quoted_in(released, tested_range_line("2.21.0", "3.15.1"))
+    released = quoted_block("compat.md", "says whether the installed TensorFlow and Keras are")
+    assert_quoted_in(released, tested_range_line("2.21.0", "3.15.1"))
     following = quoted_block("versions.md", "`mirrorkit info` says so:")
     assert_quoted_in(following, tested_range_line("2.22.0-dev20260905", "3.16.0.dev2026102704"))
 

@@ -24,6 +24,7 @@ import sys
 
 import numpy as np
 import pytest
+from _quoted import assert_quoted_in, quoted_block
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -210,6 +211,16 @@ def test_keras_callbacks_act_once_and_stop_together_on_two_workers(tmp_path):
     assert first["nan_steps"] == second["nan_steps"] == 3
     assert first["user_stop_steps"] == second["user_stop_steps"] == 2
     assert "set model.stop_training" in done.stdout + done.stderr
+    # The chief's notices, as the Keras repairs page quotes them (without the launcher's [w0])
+    said = re.sub(r"(?m)^\[w\d+\] ", "", done.stdout + done.stderr)
+    for quote in (
+        quoted_block("compat.md", "`TensorBoard` callback, the chief prints:"),
+        quoted_block("compat.md", "one worker set it, all stop, and the chief prints who set"),
+        quoted_block("compat.md", "When the values differed, the chief prints:"),
+        quoted_block("compat.md", "nothing it reads can leave the workers out of step. The chief"),
+        quoted_block("compat.md", "`ExportArchive.write_out` and `model.export` call):"),
+    ):
+        assert_quoted_in(quote, said)
 
 
 @pytest.mark.upstream
@@ -251,6 +262,10 @@ def test_monitored_value_logged_by_some_workers_only_is_an_error():
 
     with pytest.raises(ValueError, match=r"worker\(s\) 0 log 'm' and worker\(s\) 1 do not"):
         agreed_value("ReduceLROnPlateau", "m", 0.5, np.array([[1.0, 0.5], [0.0, 0.0]]))
+    with pytest.raises(ValueError) as caught:
+        agreed_value("EarlyStopping", "m", 0.5, np.array([[1.0, 0.5], [0.0, 0.0]]))
+    quote = quoted_block("compat.md", "worker raises the same `ValueError` at the same epoch")
+    assert_quoted_in(quote, f"ValueError: {caught.value}")
 
 
 def test_only_callbacks_that_may_stop_in_a_batch_hook_cost_a_collective_per_batch():

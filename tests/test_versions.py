@@ -7,6 +7,7 @@ import warnings
 import keras
 import pytest
 import tensorflow as tf
+from _quoted import assert_quoted_in, quoted_block
 
 from mirrorkit import compat, notices, versions
 
@@ -61,7 +62,7 @@ def test_ci_runs_every_leg():
     script = (ROOT / ".ci" / "run").read_text().splitlines()
     legs = [line.split()[1] for line in script if line.startswith("older_leg ")]
     assert legs == ["oldest", "middle"]
-    assert "make_venv .ci-venv newest -e \".[dev]\" || exit 1" in script
+    assert 'make_venv .ci-venv newest -e ".[dev]" || exit 1' in script
     assert set(legs) | {"newest"} == set(versions.MATRIX)
 
 
@@ -102,8 +103,14 @@ def test_inside_or_outside(tf_version, keras_version, inside, newer):
 def test_compat_warns_once_for_a_newer_keras(monkeypatch):
     monkeypatch.setattr(notices, "_said", set())
     monkeypatch.setattr(versions, "installed", lambda: versions.Installed("2.21.0", "3.99.0"))
-    with pytest.warns(UserWarning, match=r"Keras 3\.99\.0 is newer than mirrorkit's tested range"):
+    with pytest.warns(
+        UserWarning, match=r"Keras 3\.99\.0 is newer than mirrorkit's tested range"
+    ) as warned:
         compat.enable()
+    said = "\n".join(str(warning.message) for warning in warned)
+    assert_quoted_in(
+        quoted_block("compat.md", "only where the Keras internal it replaces exists:"), said
+    )
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         compat.enable()  # said once

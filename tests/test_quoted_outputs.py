@@ -87,8 +87,6 @@ NOT_COMPARED_YET: dict[str, str] = {
     "compat.md:ValueError: Argument validation_split is only supported for ": COMPAT,
     "compat.md:ValueError: fit(validation_split=0.2) splits NumPy arrays or": COMPAT,
     "multi-worker.md:mirrorkit: workers 2-3 of 4 on this host; cluster a:29470, a": TEMPLATE,
-    "scale.md:equivalence PASSED: 10 steps of global batch 32 on 1, 2, 4 r": NOT_YET
-    + "; comparing it would run its 16 s example a second time",
     "scenarios.md:test accuracy 0.9554 (loss 0.0935) on 359 held-out digits; 2": MEASURED,
     "scenarios.md:[w0] recall@10 0.5345 (popularity baseline 0.1845) on 2,000 ": MEASURED,
     "throughput.md:epoch 1: 51,370.3 examples/s ( ... compute-bound: compute share 0": MEASURED,

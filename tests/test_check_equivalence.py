@@ -260,6 +260,7 @@ def test_the_guide_step_logs_one_device_loss_and_is_told_so(capfd):
     assert logged["unscaled"] == pytest.approx(logged["keras"], rel=1e-5)
     err = capfd.readouterr().err
     assert "GuideStep overrides train_step: inside fit, mirrorkit makes every loss one " in err
+    assert_quoted_in(quoted_block("compat.md", "for a class named `GuideStep`"), err)
 
 
 @pytest.mark.parametrize(

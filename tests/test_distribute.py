@@ -423,6 +423,47 @@ def test_class_weight_on_a_distributed_dataset_is_said_once(monkeypatch, capfd):
     assert_quoted_in(quoted_block("compat.md", "distributed. The chief prints:"), said)
 
 
+# validation_split
+
+
+def _split_model_and_data():
+    strategy = _strategy(2)
+    model = mk.build(
+        lambda: _compiled(keras.Sequential([keras.Input((2,)), keras.layers.Dense(2)])), strategy
+    )
+    data = mk.distribute(
+        (np.ones((8, 2), "float32"), np.zeros((8, 2), "float32")), strategy, global_batch_size=4
+    )
+    return model, data
+
+
+def test_validation_split_on_a_distributed_dataset_says_how_to_split():
+    model, data = _split_model_and_data()
+    with pytest.raises(ValueError, match=r"fit\(validation_split=0.2\) splits") as caught:
+        model.fit(data, validation_split=0.2, verbose=0)
+    assert_quoted_in(
+        quoted_block("compat.md", "the last part as `validation_data`, as Keras takes it:"),
+        f"{type(caught.value).__name__}: {caught.value}",
+    )
+
+
+@pytest.mark.upstream
+def test_validation_split_without_the_repair_is_keras_value_error():
+    from mirrorkit.feeding import validation_split
+
+    model, data = _split_model_and_data()
+    validation_split.REPAIR.remove()
+    try:
+        with pytest.raises(ValueError, match="validation_split") as caught:
+            model.fit(data, validation_split=0.2, verbose=0)
+    finally:
+        validation_split.REPAIR.apply()
+    assert_quoted_in(
+        quoted_block("compat.md", "raises Keras's error, which"),
+        f"{type(caught.value).__name__}: {caught.value}",
+    )
+
+
 def test_a_cache_after_a_shuffle_is_said_in_training(capfd):
     shuffled = tf.data.Dataset.range(64).shuffle(64, seed=0).batch(8).cache()
     mk.distribute(shuffled, _strategy(2), for_eval=True)

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 from _models import tiny_model
+from _quoted import assert_quoted_in, quoted_block
 from keras.src.backend.tensorflow import optimizer as tf_optimizer
 from keras.src.backend.tensorflow import trainer
 
@@ -118,9 +119,13 @@ def test_repair_with_missing_target_warns_and_stays_off(repairs_restored, monkey
 
     monkeypatch.delattr(model_checkpoint.ModelCheckpoint, "_save_model")
     (repair,) = [r for r in compat.REPAIRS if r.name == "chief_checkpoint_save"]
-    with pytest.warns(internals.InternalChangedWarning, match="ModelCheckpoint._save_model"):
+    with pytest.warns(
+        internals.InternalChangedWarning, match="ModelCheckpoint._save_model"
+    ) as said:
         assert repair.apply() is False
     assert not repair.active
+    quote = quoted_block("compat.md", "here for a release without")
+    assert_quoted_in(quote, "\n".join(str(warning.message) for warning in said))
 
 
 # optimizer._all_reduce_sum_gradients: gradient compression and the throughput clock

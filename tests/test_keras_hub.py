@@ -13,6 +13,7 @@ import pytest
 keras_hub = pytest.importorskip("keras_hub", reason="the hub extra: pip install -e '.[hub]'")
 
 from _multiworker import run_workers  # noqa: E402
+from _quoted import assert_quoted_in, quoted_block  # noqa: E402
 
 from mirrorkit.launcher.processes import run_function  # noqa: E402
 
@@ -163,7 +164,9 @@ def test_a_task_fails_on_a_distributed_dataset_upstream():
     data = mk.distribute((x, y), strategy, global_batch_size=BATCH, shuffle=False)
     keras_hub_inputs.REPAIR.remove()  # mk.distribute put it in place
     try:
-        with pytest.raises(AttributeError, match="_to_batched_tensor_list"):
+        with pytest.raises(AttributeError, match="_to_batched_tensor_list") as caught:
             classifier.fit(data, epochs=1, verbose=0)
     finally:
         keras_hub_inputs.REPAIR.apply()
+    quote = quoted_block("compat.md", "0.32 raises:")
+    assert_quoted_in(quote, f"AttributeError: {caught.value}")

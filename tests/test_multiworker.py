@@ -13,6 +13,7 @@ import re
 import numpy as np
 import pytest
 from _multiworker import run_workers
+from _quoted import assert_quoted_in, quoted_block
 from _training import LEARNING_RATES
 
 from mirrorkit.launcher.processes import WorkerError, run_function
@@ -188,8 +189,10 @@ def _raw_keras_fit(repairs):
 @pytest.mark.upstream
 def test_plain_keras_multi_worker_fit_fails_upstream():
     # When this starts passing, Keras fixed keras#20585 item 1 and the repair can retire.
-    with pytest.raises(WorkerError, match=r"Attempt to convert a value \(PerReplica"):
+    with pytest.raises(WorkerError, match=r"Attempt to convert a value \(PerReplica") as caught:
         run_workers(_raw_keras_fit, False, n=2)
+    quote = quoted_block("compat.md", "`test_on_batch` fail at once:")
+    assert_quoted_in(quote, caught.value.worker_traceback)
 
 
 def _raw_keras_fit_build_repaired_only():
@@ -202,8 +205,10 @@ def _raw_keras_fit_build_repaired_only():
 @pytest.mark.upstream
 def test_multi_worker_scalar_reduce_fails_upstream():
     # docs/compat.md, "Multi-worker log reduction": with only the build repaired, it fails.
-    with pytest.raises(WorkerError, match="Invalid reduction dimension 0"):
+    with pytest.raises(WorkerError, match="Invalid reduction dimension 0") as caught:
         run_workers(_raw_keras_fit_build_repaired_only, n=2)
+    quote = quoted_block("compat.md", "once the build is repaired, `fit` fails")
+    assert_quoted_in(quote, caught.value.worker_traceback)
 
 
 def test_compat_enable_repairs_a_hand_made_strategy():

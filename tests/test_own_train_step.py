@@ -274,9 +274,7 @@ def test_tf_nn_compute_average_loss_in_a_step_trains_as_one_device():
     assert_as_one_device(lambda: make_hand_reduced(AverageLoss), (X, X))
 
 
-ONE_DEVICE_LOSS = [
-    repair.name for repair in one_device_loss.REPAIRS + one_device_gradient.REPAIRS
-]
+ONE_DEVICE_LOSS = [repair.name for repair in one_device_loss.REPAIRS + one_device_gradient.REPAIRS]
 
 
 @pytest.mark.upstream
@@ -349,6 +347,19 @@ def test_a_model_built_outside_the_scope_is_told_what_to_do(tmp_path):
     assert isinstance(loaded.weights[0].value, tf.distribute.DistributedValues)
     loaded.fit(data, epochs=1, verbose=0)
     assert int(loaded.optimizer.iterations.numpy()) == 2 + 4  # its optimizer state came along
+
+
+@pytest.mark.upstream
+def test_a_model_built_outside_the_scope_fails_upstream(take_away):
+    """Keras's own error for it, which does not say what to do: symbolic_build names the cause."""
+    strategy = mk.strategy(cpu_replicas=2)
+    take_away({"symbolic_build"})
+    model = make_summed()  # no scope
+    data = mk.distribute((X, X[:, 0, :1, 0]), strategy, global_batch_size=BATCH)
+    with pytest.raises(ValueError) as err:
+        model.fit(data, epochs=1, verbose=0)
+    quote = quoted_block("compat.md", "`fit(mk.distribute(...))`, fails with Keras's error:")
+    assert_quoted_in(quote, f"ValueError: {err.value}")
 
 
 def _with_batch_norm():

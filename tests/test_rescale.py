@@ -154,7 +154,9 @@ def test_shuffled_run_with_resumable_resumes_from_its_backup_in_its_orders(tmp_p
     assert np.abs(resumed - in_order).max() > 1e-3  # the shuffled orders changed the result
 
 
-def test_a_shuffled_stream_says_on_resume_that_its_orders_are_not_replayed(monkeypatch, capfd):
+def test_a_shuffled_stream_says_on_resume_that_its_orders_are_not_replayed(
+    tmp_path, monkeypatch, capfd
+):
     import tensorflow as tf
 
     from mirrorkit import notices
@@ -177,6 +179,15 @@ def test_a_shuffled_stream_says_on_resume_that_its_orders_are_not_replayed(monke
     assert "resuming a shuffled streamed input" in said
     assert_quoted_in(quoted_block("resume.md", "A shuffled stream keeps TensorFlow's buffer"), said)
     assert_quoted_in(quoted_block("preemption.md", "The resume says so:"), said)
+    # A fit that begins past epoch 0 with a drawn seed and step backups, the stream alive: the
+    # three notices, each once
+    monkeypatch.setattr(notices, "_said", set())
+    drawn = mk.distribute(make_data(), strategy, global_batch_size=GLOBAL_BATCH)
+    model = mk.build(lambda: make_model("sgd", 0.1), strategy)
+    backup = keras.callbacks.BackupAndRestore(str(tmp_path / "backup"), save_freq=3)
+    model.fit(drawn, epochs=2, initial_epoch=1, verbose=0, callbacks=[backup])
+    said = capfd.readouterr().err
+    assert_quoted_in(quoted_block("compat.md", "the chief prints a notice when the resumed"), said)
 
 
 @pytest.mark.slow

@@ -132,7 +132,7 @@ class Repair:
         for part in path:  # the class: the repairs' targets are listed in docs: compat/
             found = internals.renamed(owner, part)  # a class a later Keras renamed, too
             if found is None:
-                raise internals.changed(f"keras {self.module}.{'.'.join(path)}", used_for)
+                raise internals.changed(f"{self.module}.{'.'.join(path)}", used_for)
             owner = getattr(owner, found)
         return owner, attr
 
@@ -160,7 +160,7 @@ class Repair:
             owner, attr = None, ""
         if owner is None or not hasattr(owner, attr):
             internals.warn(
-                f"keras {self.module}.{self.target}",
+                f"{self.module}.{self.target}",
                 f"the '{self.name}' repair ({self.upstream}), which is NOT applied; "
                 "what it repairs fails as in plain Keras",
             )

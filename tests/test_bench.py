@@ -1,11 +1,13 @@
 """`mirrorkit bench` end to end, and its argument errors."""
 
 import json
+import re
 import statistics
 import subprocess
 import sys
 
 import pytest
+from _quoted import Quote, assert_quoted_in, quoted_block
 
 
 def _bench(*args, timeout=600):
@@ -71,7 +73,7 @@ def test_bench_model_names_match_the_bundled_models():
 
 
 #: A user's own module, outside mirrorkit: a compiled model, its examples, and mistakes.
-USER_MODULE = '''
+USER_MODULE = """
 import keras
 import numpy as np
 import tensorflow as tf
@@ -112,7 +114,7 @@ def not_compiled():
 
 def not_a_model():
     return "a model"
-'''
+"""
 
 
 @pytest.fixture
@@ -144,6 +146,11 @@ def test_bench_times_a_model_of_yours_with_the_bundled_models_columns(user_modul
     assert rows[0]["scaling_efficiency"] == 1.0 and rows[1]["scaling_efficiency"] > 0
     assert all(r["verdict"] for r in rows) and "2 replica(s) x 1 worker(s): " in done.stdout
     assert (user_module / "out" / "bench-make_model.png").stat().st_size > 0
+    # Which verdict a configuration gets (dispatch-, input-bound, ...) follows the machine's
+    # load on so short a step: a verdict line is compared up to the configuration it names.
+    quote = quoted_block("throughput.md", "A small Dense model (20 features, 64 units, Adam)")
+    lines = [re.sub(r"(worker\(s\): ).*", r"\1...", line) for line in quote.lines]
+    assert_quoted_in(Quote(lines, quote.where), done.stdout, figures_vary=True)
 
 
 @pytest.mark.parametrize(

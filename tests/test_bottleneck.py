@@ -9,6 +9,7 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
+from _quoted import assert_quoted_in, quoted_block
 from tensorflow.python.distribute import input_lib
 
 import mirrorkit as mk
@@ -175,6 +176,8 @@ def test_a_slow_map_is_input_bound(fresh):
     assert epoch.verdict.startswith("input-bound: ") and "add prefetch" in epoch.verdict
     assert epoch.verdict in printed and f"epoch 1: {epoch.verdict}" in str(report)
     assert restored  # get_next is TensorFlow's own again after fit
+    quote = quoted_block("throughput.md", "that sleeps 0.1 ms per example")
+    assert_quoted_in(quote, printed, figures_vary=True)  # the page's run: its model, 2 epochs
 
 
 @pytest.mark.multiprocess
@@ -220,19 +223,21 @@ def _communication_heavy_worker():
     x = np.random.rand(8 * 20, 64).astype("float32")
     y = np.random.rand(8 * 20, 1).astype("float32")
     data = tf.data.Dataset.from_tensor_slices((x, y)).batch(8).prefetch(tf.data.AUTOTUNE)
-    throughput = mk.ThroughputCallback(warmup_steps=3, verbose=0)
+    throughput = mk.ThroughputCallback(warmup_steps=3)  # the chief prints the epoch's line
     model.fit(data, epochs=1, verbose=0, callbacks=[throughput])
     return throughput.report.epochs[0]
 
 
 @pytest.mark.multiprocess
-def test_two_workers_with_a_large_all_reduce_are_communication_bound():
+def test_two_workers_with_a_large_all_reduce_are_communication_bound(capfd):
     from _multiworker import run_workers
 
     for epoch in run_workers(_communication_heavy_worker, n=2):
         assert epoch.compute_share is not None and epoch.compute_share < 0.7, epoch
         assert epoch.verdict.startswith("communication-bound: compute share "), epoch.verdict
         assert "gradient_compression='fp16'" in epoch.verdict
+    quote = quoted_block("throughput.md", "small steps, so the all-reduce dominates")
+    assert_quoted_in(quote, capfd.readouterr().out, figures_vary=True)
 
 
 def test_calm_epochs_are_one_line_and_bound_ones_each_get_theirs():
@@ -241,14 +246,23 @@ def test_calm_epochs_are_one_line_and_bound_ones_each_get_theirs():
 
     def epoch(n, wait):
         return EpochThroughput(
-            epoch=n, steps=10, examples_per_sec=100.0, examples_per_sec_per_replica=50.0,
-            examples_per_sec_per_worker=100.0, step_time_median_s=0.1, step_time_p90_s=0.1,
-            step_time_max_s=0.1, epoch_time_s=1.0, input_wait_share=wait,
+            epoch=n,
+            steps=10,
+            examples_per_sec=100.0,
+            examples_per_sec_per_replica=50.0,
+            examples_per_sec_per_worker=100.0,
+            step_time_median_s=0.1,
+            step_time_p90_s=0.1,
+            step_time_max_s=0.1,
+            epoch_time_s=1.0,
+            input_wait_share=wait,
             verdict=verdict(wait, None),
         )
 
     report = ThroughputReport(
-        num_replicas=2, num_workers=1, global_batch_size=32,
+        num_replicas=2,
+        num_workers=1,
+        global_batch_size=32,
         epochs=[epoch(1, 0.03), epoch(2, 0.4), epoch(3, 0.02), epoch(4, 0.04)],
     )
     verdicts = str(report).splitlines()[3 + 4 - 1 :]  # title, header, 4 rows, then verdicts

@@ -29,7 +29,7 @@ from pathlib import Path
 
 import pytest
 from _doc_examples import CONTEXTS, ROOT, Example, find, run_here, run_script
-from _quoted import quoted_block
+from _quoted import Quote, assert_quoted_in, quoted_block
 
 EXAMPLES = find()
 
@@ -253,6 +253,34 @@ def test_the_guards_page_says_what_its_example_prints(tmp_path, monkeypatch, cap
     printed = _PRINTED[example.id].splitlines()
     for line in claimed.groups():
         assert line in printed, f"docs/guards.md says its example prints {line!r}: {printed}"
+
+
+def _printed_by(path: str, code: str, tmp_path, monkeypatch, capfd) -> str:
+    """What page `path`'s example holding `code` printed: test_example's run, or one here."""
+    (example,) = [e for e in EXAMPLES if e.path == path and code in e.code]
+    if example.id not in _PRINTED:
+        monkeypatch.chdir(tmp_path)
+        capfd.readouterr()
+        run_here(example)
+        _PRINTED[example.id] = capfd.readouterr().out
+    return _PRINTED[example.id]
+
+
+def test_the_throughput_page_quotes_what_its_examples_print(tmp_path, monkeypatch, capfd):
+    """The page keeps one run's figures; the lines are compared as `figures_vary` says. Which
+    verdict an epoch gets (compute-, dispatch- or communication-bound) follows the machine's
+    load in these examples, where nothing is planted: the verdict lines are left out here
+    (the tests that plant each verdict compare theirs, on the same page)."""
+    page = "docs/throughput.md"
+    first = _printed_by(page, "rng.normal(size=(8192, 64))", tmp_path, monkeypatch, capfd)
+    wide = _printed_by(page, "# 12.6M weights", tmp_path, monkeypatch, capfd)
+    for quote, printed in [
+        (quoted_block("throughput.md", "The chief prints one line per epoch"), first),
+        (quoted_block("throughput.md", "it is a table with a verdict summary under it"), first),
+        (quoted_block("throughput.md", "It prints:"), wide),
+    ]:
+        lines = [line for line in quote.lines if "-bound" not in line]
+        assert_quoted_in(Quote(lines, quote.where), printed, figures_vary=True)
 
 
 @pytest.mark.multiprocess  # a fresh process: no optional package an earlier test imported

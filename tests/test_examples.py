@@ -47,6 +47,8 @@ def test_workstation_vision_smoke():
     assert "MirroredStrategy, 2 replicas on 1 worker" in output
     assert "3/3" in output  # three training steps
     assert "test accuracy" in output and "2 replicas, global batch 128" in output
+    quote = quoted_block("scenarios.md", "It ends with:")
+    assert_quoted_in(quote, output, figures_vary=True)  # the page's run: 15 epochs, not 3 steps
 
 
 @pytest.mark.multiprocess  # one process, but 8 ResNet replicas take a while to trace on 2 cores
@@ -85,6 +87,8 @@ def test_recommender_multiworker_smoke_reads_own_files(tmp_path):
     assert "MultiWorkerMirroredStrategy, 2 replicas on 2 workers" in output
     assert "recall@10" in output and "popularity baseline" in output
     assert_quoted_in(quoted_block("scenarios.md", "The log shows which files each worker"), output)
+    quote = quoted_block("scenarios.md", "It ends with recall@10 on one held-out interaction")
+    assert_quoted_in(quote, output, figures_vary=True)
 
 
 def _help_texts():

@@ -15,6 +15,7 @@ at ee11629, descriptions removed) and its own script is what the job runs.
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -31,6 +32,7 @@ from _platforms import (
     train_then_evaluate,
     vertex_env,
 )
+from _quoted import assert_quoted_in, quoted_block
 
 from mirrorkit.cluster import cluster_info
 from mirrorkit.launcher.ports import free_ports
@@ -195,8 +197,11 @@ def test_sagemaker_multi_worker_mirrored_layout_trains_like_one_device(tmp_path,
 
 
 @pytest.mark.multiprocess
-def test_the_tfjob_example_trains_like_one_device_and_its_evaluator_evaluates(tmp_path, fresh):
+def test_the_tfjob_example_trains_like_one_device_and_its_evaluator_evaluates(
+    tmp_path, fresh, capfd
+):
     want_weights, want_eval = fresh(train_then_evaluate, str(SCRIPT), str(tmp_path / "alone"))
+    capfd.readouterr()  # the one-device run's evaluation: not the job's evaluator
     manifest = _manifest()
     ports = dict(zip([("chief", 0), ("worker", 0), ("evaluator", 0)], free_ports(3), strict=True))
     tasks = kubeflow_env(manifest, ports=ports)
@@ -210,6 +215,14 @@ def test_the_tfjob_example_trains_like_one_device_and_its_evaluator_evaluates(tm
     _same_weights(worker, want_weights, "worker weight")
     for key in ("loss", "accuracy"):  # the evaluator read the chief's model
         np.testing.assert_allclose(evaluator[key], want_eval[key], rtol=0, atol=TOLERANCE)
+    # what each task printed, as its pod's log has it: without the local job's [wN] before it
+    printed = capfd.readouterr()
+    logs = re.sub(r"^\[w\d+\] ", "", printed.out + printed.err, flags=re.M)
+    for quote in (  # the page's run: 3 epochs, not 2
+        quoted_block("clusters/kubeflow.md", "The chief's log shows the strategy"),
+        quoted_block("clusters/kubeflow.md", "evaluates the model on held-out data"),
+    ):
+        assert_quoted_in(quote, logs, figures_vary=True)
 
 
 def _sagemaker_host_without_tf_config():

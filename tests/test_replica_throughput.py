@@ -8,6 +8,7 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
+from _quoted import assert_quoted_in, quoted_block
 
 import mirrorkit as mk
 from mirrorkit.throughput import bottleneck
@@ -76,6 +77,8 @@ def test_a_replica_that_works_longer_is_named_with_its_ratio(slow):
     ratio = compute[slow] / compute[1 - slow]
     assert f"slow replica: replica {slow} works {compute[slow] * 1000:.1f} ms" in text
     assert f"({ratio:.2f}x)" in text
+    quote = quoted_block("throughput.md", "A replica that works longer than the others is named")
+    assert_quoted_in(quote, text, figures_vary=True)
     line = summary_line(last, report)
     assert f"SLOW REPLICA: replica {slow} works" in line and "slowest replica 1" in line
 

@@ -14,6 +14,7 @@ import keras
 import pytest
 import tensorflow as tf
 from _models import tiny_model
+from _quoted import Quote, assert_quoted_in, quoted_block
 
 import mirrorkit as mk
 from mirrorkit.throughput import bottleneck
@@ -106,12 +107,12 @@ def test_a_slow_step_moves_the_tail_not_the_median(clock):
     assert epoch.examples_per_sec == pytest.approx(GLOBAL_BATCH * 10 / (20 * STEP_S))
 
 
-def test_an_epoch_overhead_shows_end_to_end_and_in_the_verdict(clock):
+def test_an_epoch_overhead_shows_end_to_end_and_in_the_verdict(clock, capfd):
     class SlowEpochStart(keras.callbacks.Callback):  # after the epoch clock starts
         def on_epoch_begin(self, epoch, logs=None):
             clock.now += 10 * STEP_S
 
-    callback = mk.ThroughputCallback(warmup_steps=2, verbose=0)
+    callback = mk.ThroughputCallback(warmup_steps=2)  # prints each epoch's line
     strategy = mk.strategy(cpu_replicas=2)
     model = mk.build(_model, strategy)
     data = mk.distribute(_batches(12), strategy, global_batch_size=GLOBAL_BATCH, shuffle=False)
@@ -125,6 +126,9 @@ def test_an_epoch_overhead_shows_end_to_end_and_in_the_verdict(clock):
     # host-bound, which the verdict puts first; the overhead verdict on real steps:
     assert second.verdict.startswith("host-bound")
     assert "end to end/s" in str(callback.report)
+    # time that passes in a callback at each batch's end: the page's host-bound example
+    quote = quoted_block("throughput.md", "A callback that sleeps 20 ms in `on_train_batch_end`")
+    assert_quoted_in(quote, capfd.readouterr().out, figures_vary=True)
     assert bottleneck.verdict(0.05, None, host_share=0.1, epoch_overhead_share=10 / 22) == (
         "epoch-overhead: 45% of the epoch is outside its steady steps (iterator start-up, "
         "validation, epoch-end callbacks); train more steps per epoch (steps_per_epoch with "
@@ -133,6 +137,34 @@ def test_an_epoch_overhead_shows_end_to_end_and_in_the_verdict(clock):
     assert bottleneck.verdict(0.05, None, host_share=0.1, epoch_overhead_share=0.2).startswith(
         "not input-bound"
     )
+
+
+def test_time_outside_the_steady_steps_is_epoch_overhead(clock, capfd):
+    """Steps whose time is inside Keras's compiled train function, and a pause at each epoch's
+    start: epoch-overhead, from the second epoch of the fit on."""
+    from mirrorkit.training import step_hooks
+
+    def step(call_next, *args, **kwargs):  # inside the throughput timer (order 20)
+        clock.now += STEP_S
+        return call_next(*args, **kwargs)
+
+    class SlowEpochStart(keras.callbacks.Callback):  # after the epoch clock starts
+        def on_epoch_begin(self, epoch, logs=None):
+            clock.now += 10 * STEP_S
+
+    callback = mk.ThroughputCallback(warmup_steps=2)  # prints each epoch's line
+    strategy = mk.strategy(cpu_replicas=2)
+    model = mk.build(_model, strategy)
+    step_hooks.register(model, step_hooks.StepHook("test.step", step, stage="call", order=90))
+    data = mk.distribute(_batches(12), strategy, global_batch_size=GLOBAL_BATCH, shuffle=False)
+    model.fit(data, epochs=2, verbose=0, callbacks=[callback, SlowEpochStart()])
+    first, second = callback.report.epochs
+    assert second.host_share == pytest.approx(0.0, abs=1e-9)
+    assert second.epoch_overhead_share == pytest.approx(10 / 22)
+    assert not first.verdict.startswith("epoch-overhead")  # a fit's first epoch traces
+    assert second.verdict.startswith("epoch-overhead: 45% of the epoch is outside its steady")
+    quote = quoted_block("throughput.md", "A validation set eight times the size")
+    assert_quoted_in(quote, capfd.readouterr().out, figures_vary=True)
 
 
 def test_repeated_bottlenecks_are_one_line_and_others_keep_theirs():
@@ -327,6 +359,7 @@ def fit_with_one_slow_worker(slow_worker):
     callback = mk.ThroughputCallback(warmup_steps=3, verbose=1, straggler_factor=STRAGGLER_FACTOR)
     data = mk.distribute((x, x[:, :1]), strategy, global_batch_size=16, shuffle=False)
     model.fit(data, epochs=1, verbose=0, callbacks=[callback])
+    mk.print(callback.report)  # the chief's
     return callback.report.to_dict()
 
 
@@ -348,13 +381,23 @@ def check_straggler_reports(reports, slow_worker):
             assert report["epochs"][0]["compute_share"] > 0.5
 
 
+#: The lines of the page's 2-worker report (epoch 1 calm, worker 1 slowed in epoch 2) that a
+#: one-epoch job prints: the calm epoch's line and table row; the slowed epoch's line, its
+#: verdict (a step that computing fills: the calm epoch's verdict on the page reads the same),
+#: row and straggler line. The report's last line sums up two epochs, which these jobs lack.
+PAGES_REPORT_LINES = {None: (0, 4, 5, 6), 1: (1, 2, 3, 4, 5, 7, 8)}
+
+
 @pytest.mark.multiprocess
 @pytest.mark.parametrize("slow_worker", [1, None])
-def test_straggler_is_flagged_only_when_one_worker_is_slow(slow_worker):
+def test_straggler_is_flagged_only_when_one_worker_is_slow(slow_worker, capfd):
     from _multiworker import run_workers
 
     reports = run_workers(fit_with_one_slow_worker, slow_worker, n=2)
     check_straggler_reports(reports, slow_worker)
+    quote = quoted_block("throughput.md", "so it shows as the straggler:")
+    lines = [quote.lines[i] for i in PAGES_REPORT_LINES[slow_worker]]
+    assert_quoted_in(Quote(lines, quote.where), capfd.readouterr().out, figures_vary=True)
 
 
 def test_the_pages_json_sample_has_the_fields_of_the_report():

@@ -102,7 +102,5 @@ def test_the_evaluator_is_no_training_worker(job_with_a_chief_and_an_evaluator):
 
 
 def test_throughput_report_has_both_workers_and_flags_the_worker_task():
-    reports = run_workers(
-        fit_with_one_slow_worker, 1, n=2, env=own_tf_configs(["chief", "worker"])
-    )
+    reports = run_workers(fit_with_one_slow_worker, 1, n=2, env=own_tf_configs(["chief", "worker"]))
     check_straggler_reports(reports, slow_worker=1)  # the `worker` task is rank 1

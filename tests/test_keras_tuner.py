@@ -30,7 +30,7 @@ pytest.importorskip("keras_tuner", reason="the tuner extra: pip install -e '.[tu
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-SCRIPT = r'''
+SCRIPT = r"""
 import json, os, sys
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import keras_tuner  # before mk.strategy(): its repairs apply once it is imported
@@ -66,7 +66,7 @@ if mode in ("chief", "one_device"):
     found = {t.trial_id: {"values": t.hyperparameters.values, "score": t.score} for t in trials}
     with open(out, "w") as f:
         json.dump(found, f)
-'''
+"""
 
 
 def _free_port():

@@ -18,6 +18,7 @@ import re
 
 PACKAGE = pathlib.Path(__file__).resolve().parent.parent / "mirrorkit"
 
+
 def _module_name(path: pathlib.Path) -> str:
     parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)

@@ -27,8 +27,9 @@ FLOAT16_TOLERANCE = 2e-3
 def _overflow_holders(strategy, inputs) -> list[bool]:
     """For each step: whether this worker's part of the batch holds the overflowing example."""
     return [
-        bool(any(np.abs(part.numpy()).max() > 1e4 for part in
-                 strategy.experimental_local_results(x)))  # fmt: skip
+        bool(
+            any(np.abs(part.numpy()).max() > 1e4 for part in strategy.experimental_local_results(x))
+        )  # fmt: skip
         for x, _ in inputs
     ]
 

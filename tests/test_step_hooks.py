@@ -139,9 +139,7 @@ def _every_order(workdir):
 
 
 @pytest.mark.multiprocess
-def test_every_order_of_the_callbacks_gives_the_same_verdicts_figures_and_weights(
-    fresh, tmp_path
-):
+def test_every_order_of_the_callbacks_gives_the_same_verdicts_figures_and_weights(fresh, tmp_path):
     results = fresh(_every_order, str(tmp_path))
     first_weights = results[0][2]
     for order, (host_share, input_wait_share, verdict), weights in results:

@@ -136,4 +136,3 @@ def synthetic_example(spec: BenchModel, seed: int = 0) -> tuple[tf.Tensor, tf.Te
     else:
         x = tf.random.stateless_normal(spec.input_shape, (seed, 1))
     return x, tf.constant(seed % NUM_CLASSES, tf.int32)
-

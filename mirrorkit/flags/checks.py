@@ -147,11 +147,7 @@ def _packs(fv: flags.FlagValues) -> str | None:
 def _collective(fv: flags.FlagValues) -> str | None:
     alg = fv["all_reduce_alg"].value
     used = [n for n in _COLLECTIVE_ONLY if given(fv, n) is not None]
-    if (
-        used
-        and not _single_replica(fv["distribution_strategy"].value)
-        and not collective_runs(fv)
-    ):
+    if used and not _single_replica(fv["distribution_strategy"].value) and not collective_runs(fv):
         return (
             f"--{used[0]} applies to the collective all-reduce (--all_reduce_alg auto, ring, or "
             f"nccl across workers); --all_reduce_alg {alg} has no buckets and no timeout"

@@ -56,9 +56,7 @@ def check(class_weight: Any, for_eval: bool) -> dict[int, float] | None:
     try:
         return {int(k): float(v) for k, v in class_weight.items()}
     except (TypeError, ValueError):
-        raise TypeError(
-            f"class_weight's weights must be numbers; got {class_weight!r}"
-        ) from None
+        raise TypeError(f"class_weight's weights must be numbers; got {class_weight!r}") from None
 
 
 def weighting(class_weight: Mapping[int, float]) -> Callable[..., Any]:

@@ -50,4 +50,3 @@ def remember(key: Hashable, made: tf.distribute.Strategy) -> None:
     """Records `made` as the strategy for `key` and as the current strategy."""
     _made[key] = made
     _last[:] = [made]
-

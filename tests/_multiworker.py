@@ -59,6 +59,7 @@ SHARED_SCENARIOS = {
     "healthy": ("test_multiworker", "healthy_scenarios"),
     "distribute": ("test_distribute_multiworker", "distribute_scenarios"),
     "accumulation": ("test_accumulation", "accumulate_on_workers"),
+    "loss_forms": ("test_loss_forms", "loss_forms_on_workers"),
 }
 
 

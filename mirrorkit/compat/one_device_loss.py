@@ -30,6 +30,7 @@ from __future__ import annotations
 import tensorflow as tf
 
 from mirrorkit.cluster.workers import spans_replicas
+from mirrorkit.compat import loss_forms
 from mirrorkit.patching import fit_step
 from mirrorkit.patching.repair import Repair
 
@@ -75,8 +76,8 @@ def _reduced_as_one_device(original):
             # (the sum of the empty values: its gradient is zeros, not missing).
             return tf.reduce_sum(values)
         if reduction == "sum" and tuple(values.shape) != ():
-            return _times_replicas(loss)
-        return loss
+            return loss_forms.mark(_times_replicas(loss), loss_forms.MEAN)
+        return loss_forms.mark(loss, loss_forms.MEAN)
 
     reduce_values.__wrapped__ = original
     return reduce_values
@@ -87,7 +88,9 @@ def _average_loss_as_one_device(original):
         loss = original(
             per_example_loss, sample_weight=sample_weight, global_batch_size=global_batch_size
         )
-        return _times_replicas(loss) if fit_step.active() else loss
+        if not fit_step.active():
+            return loss
+        return loss_forms.mark(_times_replicas(loss), loss_forms.MEAN)
 
     compute_average_loss.__wrapped__ = original
     compute_average_loss.__doc__ = original.__doc__
@@ -97,7 +100,9 @@ def _average_loss_as_one_device(original):
 def _regularization_as_one_device(original):
     def scale_regularization_loss(regularization_loss):
         loss = original(regularization_loss)
-        return _times_replicas(loss) if fit_step.active() else loss
+        if not fit_step.active():
+            return loss
+        return loss_forms.mark(_times_replicas(loss), loss_forms.MEAN)
 
     scale_regularization_loss.__wrapped__ = original
     scale_regularization_loss.__doc__ = original.__doc__

@@ -3,11 +3,13 @@
 `mk.check_equivalence` names these when the weights differ: layers that draw
 random numbers (each replica draws its own; a layer whose rates are all 0,
 such as a GRU with ``dropout=0``, draws none), batch normalisation with
-per-replica statistics, a custom ``train_step`` (whose losses must be means
-over the batch, as one device's; `mirrorkit.compat.one_device_loss`) and an
-overridden ``compute_loss`` (a loss that compares the examples of a batch
-sees only the replica's part, unless it gathers them with `mk.all_gather`).
-A loss reduced with ``reduction="sum"`` is no suspect: inside ``fit`` it is
+per-replica statistics, a custom ``train_step`` (whose losses are weighted by
+their form, a mean or a sum over the batch, as one device's;
+`mirrorkit.compat.one_device_tape`), a loss whose form mirrorkit could not read
+(`mirrorkit.compat.one_device_tape.UNREAD`) and an overridden ``compute_loss``
+(a loss that compares the examples of a batch sees only the replica's part,
+unless it gathers them with `mk.all_gather`). A loss reduced with
+``reduction="sum"``, or summed by hand, is no suspect: inside ``fit`` it is
 one device's sum over the global batch.
 """
 
@@ -17,6 +19,7 @@ from typing import Any
 
 import keras
 
+from mirrorkit.compat import one_device_tape
 from mirrorkit.scale.batchnorm import all_layers, unsynchronized_batch_norm
 from mirrorkit.scale.custom_step import custom_train_step, overrides
 
@@ -43,6 +46,7 @@ def find(model: keras.Model) -> dict[str, Any]:
         "batch_norm": unsynchronized_batch_norm(model),
         "train_step": custom_train_step(model),
         "compute_loss": overrides(model, "compute_loss"),
+        "loss_forms": list(dict.fromkeys(one_device_tape.UNREAD)),
     }
 
 
@@ -73,11 +77,17 @@ def describe(found: dict[str, Any]) -> list[str]:
     if found["train_step"]:
         lines.append(
             f"custom train_step ({found['train_step']}.train_step): inside fit each replica's "
-            "losses are one device's on its part of the batch and the gradients are averaged, "
-            "so every loss must be a mean over the batch (ops.mean, keras.losses, "
-            "self.compute_loss, tf.nn.compute_average_loss); a loss summed over the batch by "
-            "hand is 1/N of one device's, one divided by the global batch size or the replica "
-            "count by hand is off by N"
+            "losses are one device's on its part of the batch, and mirrorkit weights each "
+            "loss's gradient by its form (a mean over the batch averaged, a sum summed); a loss "
+            "divided by the replica count by hand is off by N, and a value the step logs as a "
+            "sum over the batch is its replica's share"
+        )
+    for where, form in found.get("loss_forms", ()):
+        lines.append(
+            f"a loss whose form mirrorkit cannot read: {where} is {form}, so its gradient is "
+            "averaged as a mean's; write each term as a mean or a sum over the batch of "
+            "per-example values, or compute a nonlinear function of the batch on "
+            "mk.all_gather(...) of it"
         )
     if found.get("compute_loss"):
         lines.append(

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import functools
 import threading
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -30,6 +31,10 @@ import tensorflow as tf
 
 _lock = threading.Lock()
 _depth = 0
+#: The batch tensors each replica's traced step received: graph -> [tensor, ...].
+_BATCHES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+#: The leading sizes of the batch an eager step (``run_eagerly=True``) runs on now.
+_EAGER_SIZES: set[int] = set()
 
 
 def active() -> bool:
@@ -71,6 +76,7 @@ def wrap(step_function: Callable[[Any], Any]) -> Callable[[Any], Any]:
         global _depth
         with _lock:
             _depth += 1
+            _record_batch(data)
         try:
             return step_function(data)
         finally:
@@ -78,3 +84,31 @@ def wrap(step_function: Callable[[Any], Any]) -> Callable[[Any], Any]:
                 _depth -= 1
 
     return one_device_step
+
+
+def _record_batch(data: Any) -> None:
+    """Keeps the tensors of a replica's batch: traced, for `batch_tensors`; eagerly, their sizes."""
+    tensors = [t for t in tf.nest.flatten(data) if isinstance(t, tf.Tensor)]
+    if tf.executing_eagerly():
+        _EAGER_SIZES.clear()
+        _EAGER_SIZES.update(int(t.shape[0]) for t in tensors if t.shape.rank)
+        return
+    for tensor in tensors:
+        _BATCHES.setdefault(tensor.graph, []).append(tensor)
+
+
+def eager_batch_sizes() -> set[int]:
+    """The leading sizes of the batch of the eager step running now (``run_eagerly=True``)."""
+    return set(_EAGER_SIZES)
+
+
+def batch_tensors(graph: Any) -> list[Any]:
+    """The batch tensors the replicas' steps traced in `graph` received (their ``data``).
+
+    Args:
+        graph: the graph of a traced step (``tf.compat.v1.get_default_graph()`` inside it).
+
+    Returns:
+        The tensors, every replica's; empty outside a traced step.
+    """
+    return list(_BATCHES.get(graph, ()))

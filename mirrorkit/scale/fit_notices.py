@@ -5,9 +5,11 @@ Not Keras bugs; docs: compat/#losses-in-your-own-train_step and
 train function under several replicas, the chief says once:
 
 - for a model whose class overrides ``train_step``: that inside ``fit``
-  every loss is one device's loss (`mirrorkit.compat.one_device_loss`), so
-  the step is written as for one device, and what that rules out (a loss
-  summed over the batch by hand, or scaled by the replica count);
+  every loss is one device's loss (`mirrorkit.compat.one_device_loss`) and
+  the replicas' gradients are combined by the loss's form (a mean averaged, a
+  sum summed: `mirrorkit.compat.one_device_tape`), so the step is written as
+  for one device, and what that rules out (a loss divided by the replica
+  count by hand);
 - for trainable ``BatchNormalization`` layers without ``synchronized=True``
   (`mirrorkit.scale.batchnorm.check`), whatever built the model: `mk.build`,
   ``strategy.scope()``, or a base model unfrozen since (``trainable = True``
@@ -34,10 +36,10 @@ def say_custom_step(owner: str, replicas: int) -> None:
     chief.say_once(
         f"custom-train-step-{owner}",
         f"{owner} overrides train_step: inside fit, mirrorkit makes every loss one device's "
-        f"loss on each replica's part of the batch and averages the {replicas} replicas' "
-        "gradients, so write and log it as for one device (a mean over the batch: ops.mean, "
-        "keras.losses, self.compute_loss). A loss summed over the batch by hand is 1/"
-        f"{replicas} of one device's; do not scale a loss by the replica count yourself",
+        f"loss on each replica's part of the batch and combines the {replicas} replicas' "
+        "gradients as one device's: a mean over the batch averaged, a sum over the batch "
+        "summed (read from the traced step). Write and log it as for one device; do not divide "
+        "a loss by the replica count yourself",
     )
 
 

@@ -26,6 +26,8 @@ from typing import Any
 
 import tensorflow as tf
 
+from mirrorkit.compat import loss_forms
+
 
 def _replica_context(what: str) -> tf.distribute.ReplicaContext | None:
     """The replica context to gather in; None where there is one replica (nothing to gather).
@@ -110,7 +112,10 @@ def all_gather(value: Any, axis: int = 0) -> Any:
     context = _replica_context("all_gather")
     if context is None:
         return value
-    return tf.nest.map_structure(lambda part: context.all_gather(part, axis=axis), value)
+    gathered = loss_forms.Form("gathered", axis)  # how a loss computed on it is weighted
+    return tf.nest.map_structure(
+        lambda part: loss_forms.mark(context.all_gather(part, axis=axis), gathered), value
+    )
 
 
 def all_gather_offset(value: Any, axis: int = 0) -> tf.Tensor:
@@ -154,4 +159,4 @@ def all_gather_offset(value: Any, axis: int = 0) -> tf.Tensor:
     size = tf.shape(part, out_type=tf.int32)[axis : axis + 1]
     sizes = context.all_gather(size, axis=0)
     replica = tf.cast(context.replica_id_in_sync_group, tf.int32)
-    return tf.reduce_sum(sizes[:replica])
+    return loss_forms.mark(tf.reduce_sum(sizes[:replica]), loss_forms.CONST)

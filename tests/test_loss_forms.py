@@ -1,0 +1,217 @@
+"""Every loss form Keras accepts trains on N replicas as on one device (docs: own-train-step/).
+
+The forms (`_loss_forms.FORMS`): a compiled loss with each reduction, a ``compute_loss`` that
+returns a scalar sum or a per-example vector, ``add_loss`` terms that are batch means,
+per-example sums or weight penalties, and custom ``train_step``s taking ``tape.gradient`` of
+a mean, a sum, a vector, a mean plus a sum, and a sum divided by the global batch
+(TensorFlow's custom-loop recipe). Before `mirrorkit.compat.one_device_tape`, the sums
+trained at 1/N of one device's gradient on N replicas. The reader of loss forms is checked
+on its own first, op by op, without training.
+"""
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+from _loss_forms import NAMES, differences, train
+from keras import ops
+
+import mirrorkit as mk
+from mirrorkit import compat
+from mirrorkit.compat import loss_reader, one_device_tape
+
+TOLERANCE = 1e-5
+
+
+def _relative(found):
+    """Weights and values above 1 compared relatively (float32 keeps about 7 digits)."""
+    return {k: v for k, v in found.items() if v > TOLERANCE}
+
+
+# -- the reader, op by op -----------------------------------------------------------------
+
+_WEIGHTS = np.ones((3, 2), "float32")
+
+
+def _per_example(x):
+    return ops.mean(ops.square(ops.matmul(x, _WEIGHTS)), axis=-1)
+
+
+#: expression of the batch x (8 examples of 3 values) -> the form mirrorkit must read.
+EXPRESSIONS = {
+    "ops.mean of per-example values": (lambda x: ops.mean(_per_example(x)), "mean"),
+    "ops.sum of per-example values": (lambda x: ops.sum(_per_example(x)), "sum"),
+    "a per-example vector": (_per_example, "batch"),
+    "mean of sums over features": (lambda x: ops.mean(ops.sum(ops.square(x), axis=1)), "mean"),
+    "sum of every value": (lambda x: ops.sum(ops.square(x)), "sum"),
+    "sum / static batch size": (lambda x: ops.sum(_per_example(x)) / ops.shape(x)[0], "mean"),
+    "sum / global batch size": (lambda x: ops.sum(_per_example(x)) / 16.0, "sum"),
+    "sum of every value / its count": (lambda x: ops.sum(ops.square(x)) / 24.0, "mean"),
+    "0.5 * sum": (lambda x: 0.5 * ops.sum(_per_example(x)), "sum"),
+    "a weight penalty": (lambda x: 0.01 * ops.sum(ops.square(_WEIGHTS)), "const"),
+    "mean + weight penalty": (
+        lambda x: ops.mean(_per_example(x)) + ops.sum(ops.square(_WEIGHTS)),
+        "mean",
+    ),
+    "mean + sum": (lambda x: ops.mean(_per_example(x)) + ops.sum(_per_example(x)), "mixed"),
+    "root mean square": (lambda x: ops.sqrt(ops.mean(_per_example(x))), "nonlinear"),
+    "softmax across the examples": (
+        lambda x: ops.mean(ops.log_softmax(ops.transpose(ops.matmul(x, _WEIGHTS)))),
+        "unknown",
+    ),
+    "a transposed batch, summed": (lambda x: ops.sum(ops.transpose(x)), "sum"),
+    "x[:, 0], averaged": (lambda x: ops.mean(x[:, 0]), "mean"),
+    "x[:4], averaged": (lambda x: ops.mean(x[:4]), "unknown"),
+    "the examples concatenated twice, summed": (
+        lambda x: ops.sum(ops.concatenate([x, x], axis=0)),
+        "sum",
+    ),
+    "the Gram matrix of the batch, summed": (
+        lambda x: ops.sum(ops.matmul(ops.transpose(x), x)),
+        "sum",
+    ),
+    "an embedding lookup of ids": (
+        lambda x: ops.sum(ops.take(_WEIGHTS, ops.cast(x[:, 0] > 0, "int32"), axis=0)),
+        "sum",
+    ),
+}
+
+
+@pytest.mark.parametrize("name", list(EXPRESSIONS))
+def test_the_reader_reads_each_form(name):
+    expression, expected = EXPRESSIONS[name]
+    found = []
+
+    @tf.function(input_signature=[tf.TensorSpec([8, 3], tf.float32)])
+    def step(x):
+        loss = expression(x)
+        reader = loss_reader.Reader(tf.compat.v1.get_default_graph(), [x], replicas=2)
+        found.append(reader.read(loss))
+        return loss
+
+    step.get_concrete_function()
+    assert found[0].kind == expected, f"{name}: read {found[0]}"
+
+
+def test_a_dynamic_batch_size_divides_a_sum_into_a_mean():
+    found = []
+
+    @tf.function(input_signature=[tf.TensorSpec([None, 3], tf.float32)])
+    def step(x):
+        per_example = _per_example(x)
+        reader = loss_reader.Reader(tf.compat.v1.get_default_graph(), [x], replicas=2)
+        size = ops.cast(ops.shape(x)[0], "float32")
+        found.append(reader.read(ops.sum(per_example) / size))
+        found.append(reader.read(ops.sum(per_example)))
+        return per_example
+
+    step.get_concrete_function()
+    assert [form.kind for form in found] == ["mean", "sum"]
+
+
+def test_a_mixed_loss_is_split_into_terms_of_one_form_each():
+    found = []
+
+    @tf.function(input_signature=[tf.TensorSpec([8, 3], tf.float32)])
+    def step(x):
+        per_example = _per_example(x)
+        loss = 2.0 * (ops.mean(per_example) - 0.5 * ops.sum(per_example))
+        reader = loss_reader.Reader(tf.compat.v1.get_default_graph(), [x], replicas=2)
+        terms, form = loss_reader.weighted_terms(reader, loss)
+        found.append((form.kind, sorted(f.kind for _, _, f in terms)))
+        return loss
+
+    step.get_concrete_function()
+    assert found == [("mixed", ["mean", "sum"])]
+
+
+# -- every form, trained ------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def strategies():
+    return mk.strategy("one_device"), mk.strategy(cpu_replicas=2)
+
+
+@pytest.mark.slow  # 15 pairs of fits, about 25 s
+@pytest.mark.parametrize("name", NAMES)
+def test_every_loss_form_trains_as_one_device(name, strategies):
+    one, two = (train(strategy, name) for strategy in strategies)
+    found = differences(one, two, name)
+    found["loss"] = found.get("loss", 0.0) / max(1.0, max(abs(v) for v in one["loss"]))
+    assert _relative(found) == {}, f"{name}: {found}"
+
+
+@pytest.mark.upstream
+def test_summed_losses_train_at_half_the_gradient_upstream(strategies):
+    """Without the loss-form repairs, mirrorkit's averaging trains a sum over the batch at 1/N
+    of one device's gradient: a per-example vector, an ops.sum, an add_loss of a sum. If this
+    stops failing, retire the one_device_tape repairs."""
+    one_device, replicas = strategies
+    for repair in one_device_tape.REPAIRS:
+        repair.remove()
+    try:
+        for name in ("train_step vector", "train_step sum", "add_loss sum"):
+            found = differences(train(one_device, name), train(replicas, name), name)
+            assert found["weights"] > 1e-3, f"{name}: {found}"
+    finally:
+        compat.enable()
+
+
+def test_a_sum_is_said_once_and_an_unreadable_loss_is_said_with_the_fix(
+    strategies, capfd, monkeypatch
+):
+    from mirrorkit import notices
+
+    monkeypatch.setattr(notices, "_said", set())  # said again, whatever ran before
+    one_device, replicas = strategies
+    train(replicas, "train_step vector", epochs=1)
+    said = capfd.readouterr().err
+    assert "a loss given to tape.gradient" in said
+    assert "is one value per example (its gradient is that of their sum): mirrorkit sums" in said
+
+    class RootMeanSquare(keras.Model):
+        def train_step(self, data):
+            x, y = data
+            with tf.GradientTape() as tape:
+                loss = ops.sqrt(ops.mean(ops.square(self(x, training=True) - y)))
+            grads = tape.gradient(loss, self.trainable_variables)
+            self.optimizer.apply_gradients(zip(grads, self.trainable_variables, strict=True))
+            return {"loss": loss}
+
+    with replicas.scope():
+        inputs = keras.Input((4,))
+        model = RootMeanSquare(inputs, keras.layers.Dense(1)(inputs))
+        model.compile(optimizer="sgd")
+    x, y = np.ones((32, 4), "float32"), np.zeros((32, 1), "float32")
+    model.fit(mk.distribute((x, y), replicas, global_batch_size=16), epochs=1, verbose=0)
+    said = capfd.readouterr().err
+    assert "is a nonlinear function of a batch mean or sum: mirrorkit averages" in said
+    assert "compute it on mk.all_gather(...) of the batch" in said
+    from mirrorkit.equivalence import suspects
+
+    found = suspects.find(model)
+    assert any("nonlinear" in form for _, form in found["loss_forms"]), found
+    assert any("cannot read" in line for line in suspects.describe(found))
+
+
+# -- on two workers -----------------------------------------------------------------------
+
+
+def loss_forms_on_workers(strategy):
+    """In each worker of the session's shared 2-worker job (`two_worker_job`)."""
+    from _loss_forms import train_all
+
+    assert type(strategy).__name__ == "CollectiveAllReduceStrategy"
+    return train_all(strategy)
+
+
+@pytest.mark.multiprocess
+def test_loss_forms_on_two_workers_train_as_one_device(two_worker_job, strategies):
+    workers = [scenarios["loss_forms"] for scenarios in two_worker_job]
+    for name in NAMES:
+        one = train(strategies[0], name)
+        for worker, runs in enumerate(workers):
+            found = differences(one, runs[name], name)
+            found["loss"] = found.get("loss", 0.0) / max(1.0, max(abs(v) for v in one["loss"]))
+            assert _relative(found) == {}, f"{name} on worker {worker}: {found}"

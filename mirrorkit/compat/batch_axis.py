@@ -60,11 +60,11 @@ def moved_axis(op: Any, axis: int, tensor: Any) -> int | None:
         perm = tf.get_static_value(op.inputs[1])
         return None if perm is None else [int(p) for p in perm].index(axis)
     if kind == "ExpandDims":
-        dim = scalar(op.inputs[1])
+        inserted = scalar(op.inputs[1])
         rank = tensor.shape.rank
-        if dim is None or rank is None:
+        if inserted is None or rank is None:
             return None
-        return axis + 1 if int(dim) % rank <= axis else axis
+        return axis + 1 if int(inserted) % rank <= axis else axis
     if kind in ("Pack",):
         stack_axis = attr(op, "axis") or 0
         rank = tensor.shape.rank

@@ -147,13 +147,19 @@ class Reader:
         return CONST
 
     def _size_in(self, op: Any, shape: Form) -> Form:
-        """``ops.shape(x)[i]``: the batch size where ``i`` is the batch axis, else a constant."""
-        index = batch_axis.scalar(op.inputs[1])
-        if op.type == "StridedSlice" and not (batch_axis.attr(op, "shrink_axis_mask") or 0) & 1:
-            return UNKNOWN
-        if op.type == "Slice" or index is None:
-            return UNKNOWN
-        return Form("size") if int(index) == shape.axis else CONST
+        """``ops.shape(x)[i]``: the batch size where ``i`` is the batch axis, else a constant.
+
+        A part of a shape (``shape[1:]``) is a shape, with the batch axis where it went.
+        """
+        start = batch_axis.scalar(op.inputs[1])
+        shrink = op.type == "StridedSlice" and (batch_axis.attr(op, "shrink_axis_mask") or 0) & 1
+        if op.type in ("GatherV2", "Gather") or shrink:
+            if start is None:
+                return UNKNOWN
+            return Form("size") if int(start) == shape.axis else CONST
+        if start is None or (op.type == "StridedSlice" and batch_axis.attr(op, "begin_mask")):
+            return Form("shape", -1)  # the batch axis's place unknown: a shape all the same
+        return Form("shape", shape.axis - int(start))
 
     def _multiplied(self, op: Any, inputs: list[Form]) -> Form:
         a, b = inputs
@@ -295,20 +301,38 @@ class Reader:
             return UNKNOWN if "unknown" in kinds else MIXED if "sum" in kinds else NONLINEAR
         first = batch[0]
         if any(f.kind != first.kind or f.axis != first.axis for f in batch):
-            return UNKNOWN
+            return self._rows_of(op, tensor, inputs)
         axis = batch_axis.moved_axis(op, first.axis, tensor)
         if axis is None:
             return UNKNOWN
         return dataclasses.replace(first, axis=axis)
+
+    def _rows_of(self, op: Any, tensor: Any, inputs: list[Form]) -> Form:
+        """The rows of an op whose inputs hold examples along different axes.
+
+        A crossentropy of this replica's logits against targets taken from the gathered
+        batch: the output's rows are the first input's whose examples run along its axis 0
+        and keep their count.
+        """
+        for form, source in zip(inputs, op.inputs, strict=True):
+            if form.kind in ("batch", "gathered") and form.axis == 0:
+                kept = tensor.shape.rank and batch_axis.dim(source, 0) == batch_axis.dim(tensor, 0)
+                return form if kept and batch_axis.dim(tensor, 0) is not None else UNKNOWN
+        return UNKNOWN
 
     def _gathered_values(self, op: Any, inputs: list[Form]) -> Form:
         params, indices = inputs[0], inputs[1]
         axis = batch_axis.scalar(op.inputs[2]) if len(op.inputs) > 2 else 0
         if indices.kind == "batch" and params.kind == "const":
             return Form("batch", indices.axis + int(axis or 0), indices.size)
-        if params.kind in ("batch", "gathered") and indices.kind == "const" and axis is not None:
+        if params.kind == "gathered" and indices.kind == "const" and axis is not None:
+            # rows of the gathered batch (this replica's, by mk.all_gather_offset), along any
+            # axis that holds every replica's examples (a similarity matrix has two): one
+            # value per example of this replica
+            return Form("batch", int(axis))
+        if params.kind == "batch" and indices.kind == "const" and axis is not None:
             if int(axis) == params.axis:
-                return UNKNOWN  # examples picked out of the batch
+                return UNKNOWN  # examples picked out of this replica's own batch
             if int(axis) < params.axis:
                 rank = op.inputs[1].shape.rank
                 return (

@@ -45,6 +45,7 @@ EXAMPLES = (
     "transfer_learning",
     "multi_label_classification",
     "sequential_retrieval",
+    "dual_encoder",
 )
 
 #: The examples that write their own training step or loss (GANs, VAEs, distillation, add_loss,
@@ -59,6 +60,7 @@ OWN_STEPS = (
     "subclassing_add_loss",
     "transfer_learning",
     "sequential_retrieval",
+    "dual_encoder",
 )
 
 SEED = 1337

@@ -60,6 +60,7 @@ SHARED_SCENARIOS = {
     "distribute": ("test_distribute_multiworker", "distribute_scenarios"),
     "accumulation": ("test_accumulation", "accumulate_on_workers"),
     "loss_forms": ("test_loss_forms", "loss_forms_on_workers"),
+    "recipes": ("test_optimizer_step", "recipes_on_workers"),
 }
 
 

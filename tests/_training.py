@@ -8,6 +8,8 @@ counts (or workers) can be compared number by number.
 
 from __future__ import annotations
 
+import contextlib
+
 import numpy as np
 
 NUM_EXAMPLES = 128
@@ -22,7 +24,7 @@ def make_data(num_examples: int = NUM_EXAMPLES, seed: int = 1):
     return x, y
 
 
-def make_model(optimizer: str, learning_rate: float, **compile_kwargs):
+def make_model(optimizer: str, learning_rate: float, accumulation=None, **compile_kwargs):
     import keras
 
     model = keras.Sequential(
@@ -36,7 +38,7 @@ def make_model(optimizer: str, learning_rate: float, **compile_kwargs):
     )
     opt = {"sgd": keras.optimizers.SGD, "adam": keras.optimizers.Adam}[optimizer]
     model.compile(
-        optimizer=opt(learning_rate=learning_rate),
+        optimizer=opt(learning_rate=learning_rate, gradient_accumulation_steps=accumulation),
         loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
         metrics=["sparse_categorical_accuracy"],
         **compile_kwargs,
@@ -61,6 +63,22 @@ def train_small_model(
     data = tf.data.Dataset.from_tensor_slices((x, y)).batch(GLOBAL_BATCH)
     history = model.fit(data, epochs=epochs, verbose=0)
     return [w.copy() for w in model.get_weights()], dict(history.history)
+
+
+@contextlib.contextmanager
+def keras_own_step():
+    """Keras's own optimizer step and loss scaling for the block (the canaries' "Keras alone"):
+    mirrorkit's `optimizer_step` and the one-device loss repairs taken off, every other repair
+    kept; all back after it."""
+    from mirrorkit import compat
+    from mirrorkit.compat import one_device_loss, one_device_tape, optimizer_step
+
+    for repair in (*one_device_tape.REPAIRS, *one_device_loss.REPAIRS, optimizer_step.STEP):
+        repair.remove()
+    try:
+        yield
+    finally:
+        compat.enable()
 
 
 LEARNING_RATES = {"sgd": 0.1, "adam": 0.01}

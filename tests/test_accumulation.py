@@ -107,24 +107,31 @@ def test_keras_alone_fails_under_two_replicas():
     )
 
 
-def test_ema_with_accumulation_across_replicas_is_refused_clearly():
+def test_ema_with_accumulation_on_two_replicas_equals_one_device():
+    """use_ema=True with ema_overwrite_frequency and gradient_accumulation_steps: Keras updates
+    the moving averages every micro-step and overwrites the weights every 3rd; the same micro-
+    steps on one device and on 2 replicas end equal (once refused on several replicas)."""
+
     def make():
         model = keras.Sequential([keras.Input((5,)), keras.layers.Dense(2)])
-        model.compile(
-            optimizer=keras.optimizers.SGD(0.1, use_ema=True, gradient_accumulation_steps=2),
-            loss="mse",
+        optimizer = keras.optimizers.SGD(
+            0.1, use_ema=True, ema_overwrite_frequency=3, gradient_accumulation_steps=2
         )
+        model.compile(optimizer=optimizer, loss="mse")
+        rng = np.random.default_rng(3)
+        model.set_weights([rng.normal(size=w.shape).astype("float32") for w in model.get_weights()])
         return model
 
     x, y = _data()
-    model = mk.build(make, mk.strategy(cpu_replicas=2))
-    with pytest.raises(ValueError, match="use_ema=True is not supported with 2 replicas") as caught:
-        model.fit(x, y, batch_size=MICRO_BATCH, epochs=1, verbose=0)
-    said = f"{type(caught.value).__name__}: {caught.value}"
-    assert_quoted_in(
-        quoted_block("compat.md", "`use_ema=True` together with `gradient_accumulation_steps`"),
-        said,
-    )
+    runs = []
+    for strategy in (mk.strategy("one_device"), mk.strategy(cpu_replicas=2)):
+        model = mk.build(make, strategy)
+        model.fit(x, y, batch_size=MICRO_BATCH, epochs=1, shuffle=False, verbose=0)
+        runs.append((_optimizer_steps(model), model.get_weights()))
+    (one_steps, one), (two_steps, two) = runs
+    assert one_steps == two_steps == K  # 2 * K micro-steps, 2 to an optimizer step
+    for i, (got, want) in enumerate(zip(two, one, strict=True)):
+        np.testing.assert_allclose(got, want, rtol=0, atol=TOLERANCE, err_msg=f"weight {i}")
 
 
 def accumulate_on_workers(strategy):

@@ -251,17 +251,51 @@ def test_a_gradient_alone_non_finite_is_caught_and_named():
 
 
 def test_a_step_the_guard_cannot_check_is_an_error_not_a_silent_no_op():
-    # Gradient accumulation under 2 replicas all-reduces outside the optimizer's hook.
+    # A train_step that updates the weights itself never reaches the optimizer's all-reduce.
     import keras
     import tensorflow as tf
 
-    def make():
-        from _models import tiny_model
+    class OwnUpdate(keras.Model):
+        def train_step(self, data):
+            x, y = data
+            with tf.GradientTape() as tape:
+                loss = keras.ops.mean(keras.ops.square(self(x, training=True) - y))
+            grads = tape.gradient(loss, self.trainable_variables)
+            for variable, grad in zip(self.trainable_variables, grads, strict=True):
+                variable.assign_sub(0.01 * grad)
+            return {"loss": loss}
 
-        return tiny_model(optimizer=keras.optimizers.SGD(gradient_accumulation_steps=2))
+    def make():
+        inputs = keras.Input((3,))
+        model = OwnUpdate(inputs, keras.layers.Dense(1)(inputs))
+        model.compile(optimizer="sgd")
+        return model
 
     model = mk.build(make, mk.strategy(cpu_replicas=2))
     x, y = np.ones((32, 3), "float32"), np.ones((32, 1), "float32")
     data = tf.data.Dataset.from_tensor_slices((x, y)).batch(8)
     with pytest.raises(RuntimeError, match="NaNGuard could not check this training step"):
         model.fit(data, epochs=1, verbose=0, callbacks=[mk.callbacks.NaNGuard()])
+
+
+def test_with_accumulation_the_guard_stops_at_the_optimizer_step_of_the_bad_micro_step():
+    # gradient_accumulation_steps=2: the checks ride in every 2nd micro-step's all-reduce, so
+    # a NaN in micro-step 2's batch (replica 1's part) stops fit at micro-step 3, the end of
+    # optimizer step 1 (the optimizer's iterations count optimizer steps), before the weights
+    # take it.
+    import keras
+    import tensorflow as tf
+
+    def make():
+        from _models import tiny_model
+
+        return tiny_model(optimizer=keras.optimizers.SGD(0.01, gradient_accumulation_steps=2))
+
+    model = mk.build(make, mk.strategy(cpu_replicas=2))
+    x, y = np.ones((48, 3), "float32"), np.ones((48, 1), "float32")
+    x[20:24] = np.nan  # micro-step 2 (batches of 8), its second half: replica 1
+    data = tf.data.Dataset.from_tensor_slices((x, y)).batch(8)
+    with pytest.raises(mk.callbacks.NonFiniteError) as caught:
+        model.fit(data, epochs=1, verbose=0, callbacks=[mk.callbacks.NaNGuard()])
+    assert caught.value.step == 1
+    assert caught.value.replicas == [1]

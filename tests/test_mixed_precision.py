@@ -177,11 +177,11 @@ def train_built(model, strategy):
 @pytest.mark.upstream
 def test_keras_alone_applies_replica_ones_overflow():
     """LossScaleOptimizer._tf_apply decides from replica 0: replica 1's overflow is applied and
-    the weights are NaN. If this stops failing, retire the agreed_loss_scale repair."""
+    the weights are NaN. If this stops failing, retire the optimizer_step_loss_scale repair."""
     strategy = mk.strategy(cpu_replicas=2)
-    from mirrorkit.compat import agreed_loss_scale
+    from mirrorkit.compat import optimizer_step
 
-    agreed_loss_scale.REPAIR.remove()
+    optimizer_step.LOSS_SCALE.remove()
     try:
         two = train(strategy)
     finally:

@@ -16,7 +16,7 @@ from keras import layers, ops
 
 import mirrorkit as mk
 from mirrorkit import compat
-from mirrorkit.compat import one_device_gradient, one_device_loss
+from mirrorkit.compat import one_device_loss, one_device_tape, optimizer_step
 
 RNG = np.random.default_rng(0)
 X = RNG.random((64, 4, 4, 1)).astype("float32")
@@ -274,7 +274,10 @@ def test_tf_nn_compute_average_loss_in_a_step_trains_as_one_device():
     assert_as_one_device(lambda: make_hand_reduced(AverageLoss), (X, X))
 
 
-ONE_DEVICE_LOSS = [repair.name for repair in one_device_loss.REPAIRS + one_device_gradient.REPAIRS]
+ONE_DEVICE_LOSS = [
+    repair.name
+    for repair in (*one_device_loss.REPAIRS, *one_device_tape.REPAIRS, optimizer_step.STEP)
+]
 
 
 @pytest.mark.upstream

@@ -2,7 +2,7 @@
 
 Keras's sparse matmul (a Dense layer on a sparse input) gives one gradient slice per id of the
 batch; TensorFlow's all-reduce concatenates the replicas' slices, and Adam-like optimizers square
-each slice on its own. `mirrorkit.compat.one_device_gradient` merges them to one slice per id,
+each slice on its own. `mirrorkit.compat.gradient_sums` merges them to one slice per id,
 as one device has them; an Embedding lookup keeps one slice per occurrence, on one device too.
 `mk.distribute` takes `tf.SparseTensor` features as fit does.
 """
@@ -13,7 +13,7 @@ import pytest
 import tensorflow as tf
 
 import mirrorkit as mk
-from mirrorkit.compat import one_device_gradient
+from mirrorkit.compat import gradient_sums
 
 TOLERANCE = 1e-5
 BATCH = 16
@@ -131,12 +131,12 @@ def _gradients(model, x, y):
     """Whether each gradient is summed per id, read in the traced step (as fit traces it)."""
     found = []
 
-    @tf.function
+    @tf.function(autograph=False)  # as Keras traces it (the 3.16 nightly's autograph trips on it)
     def gradients():
         with tf.GradientTape() as tape:
             loss = keras.losses.mean_squared_error(y, model(x))
         grads = tape.gradient(loss, model.trainable_variables)
-        found.extend(one_device_gradient.summed_per_id(g) for g in grads)
+        found.extend(gradient_sums.summed_per_id(g) for g in grads)
 
     gradients()
     return found
@@ -191,10 +191,10 @@ def test_keras_alone_squares_each_replicas_slice():
     data = multi_hot()
     one, _ = fit(mk.strategy("one_device"), make_sparse_model, data, as_tf_data=True)
     strategy = mk.strategy(cpu_replicas=2)
-    merge = one_device_gradient.summed_per_id
-    one_device_gradient.summed_per_id = lambda gradient: False
+    merge = gradient_sums.summed_per_id
+    gradient_sums.summed_per_id = lambda gradient: False
     try:
         two, _ = fit(strategy, make_sparse_model, data, as_tf_data=True)
     finally:
-        one_device_gradient.summed_per_id = merge
+        gradient_sums.summed_per_id = merge
     assert largest_difference(one, two) > 1e-4

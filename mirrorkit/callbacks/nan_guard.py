@@ -35,7 +35,7 @@ import tensorflow as tf
 
 from mirrorkit import internals
 from mirrorkit.cluster import cluster_info, workers
-from mirrorkit.compat import agreed_loss_scale
+from mirrorkit.compat import loss_scale_check, optimizer_step
 from mirrorkit.patching import instance
 from mirrorkit.training import gradient_hooks, step_hooks
 
@@ -85,6 +85,12 @@ class NaNGuard(keras.callbacks.Callback):
     +9% step time on 2 CPU replicas with a 200k-parameter MLP; see
     docs: guards/, ``benchmarks/guards_cost.py``). ``steps_per_execution > 1``
     still names the exact step.
+
+    With ``gradient_accumulation_steps=K`` the gradients are all-reduced once per
+    optimizer step, on every K-th micro-step, and the check rides there: a
+    non-finite micro-step stops ``fit`` at the last micro-step of its optimizer
+    step (the error names the optimizer step, as ``iterations`` counts them),
+    before the weights take it.
 
     With a ``LossScaleOptimizer`` (``mixed_float16``) it checks each
     replica's loss only: a non-finite gradient is how dynamic loss scaling
@@ -177,8 +183,9 @@ class NaNGuard(keras.callbacks.Callback):
         if loss_scaled:  # the loss flags ride in the loss scale's finite check
             self._state["hooks"] = ()
             self._state["loss_scale"] = model.optimizer
-            agreed_loss_scale.REPAIR.apply()  # in place already where the strategy spans replicas
-            agreed_loss_scale.add_rider(
+            # in place already where the strategy spans replicas; on one replica, for the rider
+            optimizer_step.LOSS_SCALE.apply()
+            loss_scale_check.add_rider(
                 model.optimizer, "nan_guard", self._loss_flags, self._record_loss_verdict
             )
         for hook in self._state["hooks"]:
@@ -274,8 +281,8 @@ class NaNGuard(keras.callbacks.Callback):
         raise RuntimeError(
             f"NaNGuard could not check this training step: the step never called "
             f"{type(optimizer).__name__}.{gradient_hooks.ALL_REDUCE}, where NaNGuard checks each "
-            "replica's gradients (gradient_accumulation_steps under several replicas all-reduces "
-            "elsewhere, and so may a custom train_step that updates the weights itself). Use "
+            "replica's gradients (a custom train_step that updates the weights itself does not "
+            "reach it). Apply the gradients with the model's optimizer, or use "
             "keras.callbacks.TerminateOnNaN there, which checks only the averaged loss."
         )
 
@@ -326,7 +333,7 @@ class NaNGuard(keras.callbacks.Callback):
         for hook in state["hooks"]:
             gradient_hooks.remove(optimizer, hook)
         if "loss_scale" in state:
-            agreed_loss_scale.remove_rider(state["loss_scale"], "nan_guard")
+            loss_scale_check.remove_rider(state["loss_scale"], "nan_guard")
         step_hooks.remove(model, state["verdict"])
         if "compute_loss" in state:
             instance.restore_on(model, "_compute_loss")

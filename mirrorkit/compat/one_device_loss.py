@@ -18,7 +18,8 @@ replicas' mean is the global sum one device computes) and a replica's loss
 of no examples is 0, ``tf.nn``'s
 ``compute_average_loss`` and ``scale_regularization_loss`` return one
 device's value, and the optimizer divides each replica's gradients by N
-before its summing all-reduce (`mirrorkit.compat.one_device_gradient`).
+before its summing all-reduce (`mirrorkit.compat.optimizer_step`); a loss that
+sums over the batch is weighted by N (`mirrorkit.compat.one_device_tape`).
 Every loss a step computes is then one device's loss on its part of the
 batch and every gradient is one device's; custom loops outside ``fit`` keep
 TensorFlow's contract. Where the split is uneven

@@ -35,10 +35,9 @@ def main() -> None:
     import test_clipping as clipping
     import test_global_batch_loss as in_batch
     import test_sparse_gradients as sparse
-
-    import mirrorkit as mk
     from _training import keras_own_step
 
+    import mirrorkit as mk
     from mirrorkit.compat import gradient_sums
 
     one, two = mk.strategy("one_device"), mk.strategy(cpu_replicas=2)

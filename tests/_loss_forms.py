@@ -264,3 +264,28 @@ def differences(one, other, name):
     if name not in LOGS_A_SHARE:
         found["loss"] = max(abs(a - b) for a, b in zip(one["loss"], other["loss"], strict=True))
     return found
+
+
+def train_plain(strategy, name, epochs=2):
+    """`train` under plain Keras on `strategy` (no mirrorkit repair; a tf.data pipeline of
+    global batches, which Keras distributes itself): what plain MirroredStrategy gives."""
+    import tensorflow as tf
+
+    from mirrorkit import compat
+
+    compat.disable()
+    try:
+        with strategy.scope():
+            model = _forms()[name]()
+        x, y = data()
+        inputs = tf.data.Dataset.from_tensor_slices((x, y)).batch(BATCH)
+        history = model.fit(inputs, epochs=epochs, verbose=0, shuffle=False)
+        evaluation = model.evaluate(inputs, verbose=0)
+    finally:
+        compat.enable()
+    return {
+        "weights": [w.copy() for w in model.get_weights()],
+        "iterations": int(model.optimizer.iterations.numpy()),
+        "loss": [float(v) for v in history.history["loss"]],
+        "evaluation": float(np.ravel(evaluation)[0]),
+    }

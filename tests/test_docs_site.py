@@ -43,6 +43,7 @@ INIT = ROOT / "mirrorkit" / "__init__.py"
 NUMBERS = {
     2: "two", 3: "three", 4: "four", 5: "five", 6: "six", 7: "seven", 8: "eight", 9: "nine",
     10: "ten", 11: "eleven", 12: "twelve", 13: "thirteen", 14: "fourteen", 15: "fifteen",
+    16: "sixteen",
 }  # fmt: skip
 
 

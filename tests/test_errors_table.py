@@ -289,11 +289,27 @@ def _nan_guard_with_loss_scaling():
     model.fit(x, y, epochs=1, verbose=0, callbacks=[mk.callbacks.NaNGuard(check_loss=False)])
 
 
-def _nan_guard_with_accumulation():
+def _nan_guard_with_own_update():
     import keras
+    import tensorflow as tf
+
+    class OwnUpdate(keras.Model):
+        """A train_step that updates the weights itself, not through the optimizer."""
+
+        def train_step(self, data):
+            x, y = data
+            with tf.GradientTape() as tape:
+                loss = keras.ops.mean(keras.ops.square(self(x, training=True) - y))
+            grads = tape.gradient(loss, self.trainable_variables)
+            for variable, grad in zip(self.trainable_variables, grads, strict=True):
+                variable.assign_sub(0.01 * grad)
+            return {"loss": loss}
 
     def make():
-        return tiny_model(optimizer=keras.optimizers.SGD(gradient_accumulation_steps=2))
+        inputs = keras.Input((3,))
+        model = OwnUpdate(inputs, keras.layers.Dense(1)(inputs))
+        model.compile(optimizer="sgd")
+        return model
 
     x, y = _xy(16)
     model = mk.build(make, _strategy2())
@@ -493,7 +509,7 @@ def _cases(tmp: pathlib.Path) -> dict[str, Callable[[], object]]:
             "EarlyStopping", "m", 0.5, np.array([[1.0, 0.5], [0.0, 0.0]])
         ),
         "callbacks-hang-timeout-env": _hang_watchdog_from_env("soon"),
-        "nan-guard-unchecked-step": _nan_guard_with_accumulation,
+        "nan-guard-unchecked-step": _nan_guard_with_own_update,
         # restart, preemption and rescale
         "resumable-dir": lambda: mk.resumable(""),
         "preemption-dir": lambda: mk.PreemptionCheckpoint("", 32),

@@ -13,12 +13,13 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
-from _loss_forms import NAMES, differences, train
+from _loss_forms import NAMES, differences, train, train_plain
+from _quoted import assert_quoted_in, quoted_block
 from keras import ops
 
 import mirrorkit as mk
 from mirrorkit import compat
-from mirrorkit.compat import loss_reader, one_device_tape
+from mirrorkit.compat import loss_reader, loss_terms, one_device_tape
 
 TOLERANCE = 1e-5
 
@@ -85,7 +86,7 @@ def test_the_reader_reads_each_form(name):
     @tf.function(input_signature=[tf.TensorSpec([8, 3], tf.float32)])
     def step(x):
         loss = expression(x)
-        reader = loss_reader.Reader(tf.compat.v1.get_default_graph(), [x], replicas=2)
+        reader = loss_reader.Reader(tf.compat.v1.get_default_graph(), {x.name}, replicas=2)
         found.append(reader.read(loss))
         return loss
 
@@ -99,7 +100,7 @@ def test_a_dynamic_batch_size_divides_a_sum_into_a_mean():
     @tf.function(input_signature=[tf.TensorSpec([None, 3], tf.float32)])
     def step(x):
         per_example = _per_example(x)
-        reader = loss_reader.Reader(tf.compat.v1.get_default_graph(), [x], replicas=2)
+        reader = loss_reader.Reader(tf.compat.v1.get_default_graph(), {x.name}, replicas=2)
         size = ops.cast(ops.shape(x)[0], "float32")
         found.append(reader.read(ops.sum(per_example) / size))
         found.append(reader.read(ops.sum(per_example)))
@@ -116,8 +117,8 @@ def test_a_mixed_loss_is_split_into_terms_of_one_form_each():
     def step(x):
         per_example = _per_example(x)
         loss = 2.0 * (ops.mean(per_example) - 0.5 * ops.sum(per_example))
-        reader = loss_reader.Reader(tf.compat.v1.get_default_graph(), [x], replicas=2)
-        terms, form = loss_reader.weighted_terms(reader, loss)
+        reader = loss_reader.Reader(tf.compat.v1.get_default_graph(), {x.name}, replicas=2)
+        terms, form = loss_terms.weighted_terms(reader, loss)
         found.append((form.kind, sorted(f.kind for _, _, f in terms)))
         return loss
 
@@ -133,10 +134,23 @@ def strategies():
     return mk.strategy("one_device"), mk.strategy(cpu_replicas=2)
 
 
+@pytest.fixture(scope="module")
+def one_device(strategies):
+    """Each form's one-device run, trained once for the module's tests: ``one_device(name)``."""
+    runs = {}
+
+    def run(name):
+        if name not in runs:
+            runs[name] = train(strategies[0], name)
+        return runs[name]
+
+    return run
+
+
 @pytest.mark.slow  # 15 pairs of fits, about 25 s
 @pytest.mark.parametrize("name", NAMES)
-def test_every_loss_form_trains_as_one_device(name, strategies):
-    one, two = (train(strategy, name) for strategy in strategies)
+def test_every_loss_form_trains_as_one_device(name, strategies, one_device):
+    one, two = one_device(name), train(strategies[1], name)
     found = differences(one, two, name)
     found["loss"] = found.get("loss", 0.0) / max(1.0, max(abs(v) for v in one["loss"]))
     assert _relative(found) == {}, f"{name}: {found}"
@@ -186,13 +200,74 @@ def test_a_sum_is_said_once_and_an_unreadable_loss_is_said_with_the_fix(
     x, y = np.ones((32, 4), "float32"), np.zeros((32, 1), "float32")
     model.fit(mk.distribute((x, y), replicas, global_batch_size=16), epochs=1, verbose=0)
     said = capfd.readouterr().err
-    assert "is a nonlinear function of a batch mean or sum: mirrorkit averages" in said
-    assert "compute it on mk.all_gather(...) of the batch" in said
+    assert_quoted_in(
+        quoted_block("compat.md", "device's gradient only for a mean, and the notice"), said
+    )
     from mirrorkit.equivalence import suspects
 
     found = suspects.find(model)
     assert any("nonlinear" in form for _, form in found["loss_forms"]), found
     assert any("cannot read" in line for line in suspects.describe(found))
+
+
+# -- the docs' table --------------------------------------------------------------------------
+
+#: own-train-step.md's table of loss forms: how each row's first cell begins -> its forms.
+TABLE_ROWS = {
+    "`compile(loss=...)`, a `keras.losses` object": (
+        "compiled sum_over_batch_size",
+        "compiled sum",
+    ),
+    "`compile(loss=...)` with `reduction=None`": ("compiled none", "compute_loss vector"),
+    "a `compute_loss` that returns `ops.sum(...)`": ("compute_loss sum",),
+    "`add_loss(ops.mean(...))`": ("add_loss mean",),
+    "`add_loss(rate * ops.sum": ("add_loss sum",),
+    "`kernel_regularizer=`": ("kernel_regularizer", "activity_regularizer"),
+    "your own `train_step`: `tape.gradient` of `ops.mean(...)`, or": (
+        "train_step mean",
+        "train_step sum / batch size",
+    ),
+    "your own `train_step`: `tape.gradient` of `ops.sum(...)`, or": (
+        "train_step sum",
+        "train_step vector",
+    ),
+    "your own `train_step`: `tape.gradient` of `ops.mean(...) + ": ("train_step mean + sum",),
+    "your own `train_step`: `tape.gradient` of `ops.sum(...) / global": (
+        "train_step sum / global batch",
+    ),
+}
+
+
+def _table_rows():
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parent.parent / "docs" / "own-train-step.md").read_text()
+    section = text.split("## Loss forms", 1)[1].split("\n## ", 1)[0]
+    rows = [line for line in section.splitlines() if line.startswith("| ")][2:]
+    cells = [[c.strip() for c in row.strip("|").split(" | ")] for row in rows]
+    return {next(k for k in TABLE_ROWS if c[0].startswith(k)): c for c in cells}
+
+
+@pytest.mark.slow  # 15 fits under plain MirroredStrategy, about 20 s
+def test_the_docs_table_of_loss_forms_says_what_plain_mirrored_strategy_gives(one_device):
+    rows = _table_rows()
+    assert set(rows) == set(TABLE_ROWS), "a row of the table matches no key, or two"
+    assert sorted(f for forms in TABLE_ROWS.values() for f in forms) == sorted(NAMES)
+    plain = tf.distribute.MirroredStrategy(["CPU:0", "CPU:1"])
+    for key, (_, says, with_mirrorkit) in rows.items():
+        assert with_mirrorkit.startswith("one device's gradient"), key
+        for name in TABLE_ROWS[key]:
+            one = one_device(name)
+            got = train_plain(plain, name)
+            weights = max(
+                float(np.abs(a - b).max())
+                for a, b in zip(one["weights"], got["weights"], strict=True)
+            )
+            assert (weights > 1e-3) == says.startswith("not one device's"), (name, weights)
+            if "logs N times" in says:
+                np.testing.assert_allclose(got["loss"], [2 * v for v in one["loss"]], rtol=1e-5)
+            elif "logged loss" in says:
+                np.testing.assert_allclose(got["loss"], one["loss"], rtol=1e-5)
 
 
 # -- on two workers -----------------------------------------------------------------------
@@ -207,10 +282,10 @@ def loss_forms_on_workers(strategy):
 
 
 @pytest.mark.multiprocess
-def test_loss_forms_on_two_workers_train_as_one_device(two_worker_job, strategies):
+def test_loss_forms_on_two_workers_train_as_one_device(two_worker_job, one_device):
     workers = [scenarios["loss_forms"] for scenarios in two_worker_job]
     for name in NAMES:
-        one = train(strategies[0], name)
+        one = one_device(name)
         for worker, runs in enumerate(workers):
             found = differences(one, runs[name], name)
             found["loss"] = found.get("loss", 0.0) / max(1.0, max(abs(v) for v in one["loss"]))

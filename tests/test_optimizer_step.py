@@ -17,10 +17,12 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
+from _quoted import assert_quoted_in, quoted_block
 from _recipes import FACTORS, RECIPES, differences, label, tolerance, train
 
 import mirrorkit as mk
 from mirrorkit import versions
+from mirrorkit.compat import step_record
 
 #: Keras before 3.15 (the tested 3.10): Muon cannot train on the TensorFlow backend at all.
 MUON_FAILS_ON_TENSORFLOW = versions.parse(keras.__version__) < (3, 15)
@@ -100,8 +102,12 @@ def test_ema_overwrite_fails_on_two_replicas_upstream(strategies):
         if fixed:
             assert differences(one, train(replicas, recipe)) <= 1e-5
             return
-        with pytest.raises(RuntimeError, match="merge_call"):
+        with pytest.raises(RuntimeError, match="merge_call") as caught:
             train(replicas, recipe)
+    assert_quoted_in(
+        quoted_block("compat.md", "`ema_overwrite_frequency` fails at the first step"),
+        str(caught.value),
+    )
 
 
 def test_the_step_says_once_what_it_runs_and_describe_lists_it(strategies, capfd):
@@ -112,13 +118,41 @@ def test_the_step_says_once_what_it_runs_and_describe_lists_it(strategies, capfd
     recipe = {**RECIPES[0], "accumulation": 2, "compression": "fp16", "optimizer": "ema"}
     train(replicas, recipe)
     said = capfd.readouterr().err
-    assert (
-        "mirrorkit: SGD steps on 2 replicas as one device: average (over 2 replicas), "
-        "accumulate (2 steps), all-reduce (compression), clip (clipnorm), update, "
-        "ema (overwritten every 3 steps)"
-    ) in said
+    assert_quoted_in(quoted_block("compat.md", "once what each optimizer's step runs"), said)
     rows = {row["name"]: row for row in compat.describe()}
     assert rows["optimizer_step"]["target"].endswith("TFOptimizer._backend_apply_gradients")
+
+
+#: The optimizer methods a step goes through: only compat/optimizer_step replaces them (the
+#: gradient hooks wrap `_all_reduce_sum_gradients` per optimizer, as its all-reduce stage).
+STEP_METHODS = {
+    "apply",
+    "apply_gradients",
+    "_backend_apply_gradients",
+    "_backend_update_step",
+    "_clip_gradients",
+    "_apply_weight_decay",
+    "_distributed_tf_update_step",
+    "_all_reduce_sum_gradients",
+    "_tf_apply",
+    "_common_apply",
+    "_stateful_handle_finite_grads",
+    "_backend_maybe_overwrite_model_variables",
+}
+
+
+def test_one_module_owns_the_optimizer_step():
+    import mirrorkit.strategies.factory  # noqa: F401 - every declaring module imported
+    from mirrorkit.compat import optimizer_step
+    from mirrorkit.patching.repair import known
+
+    owners = {
+        repair.name: repair
+        for repair in known()
+        if repair.target.rsplit(".", 1)[-1] in STEP_METHODS
+    }
+    assert set(owners) == {r.name for r in optimizer_step.REPAIRS}, sorted(owners)
+    assert step_record.STAGES[0] == "average" and step_record.STAGES[-1] == "ema"
 
 
 def _count_collectives(strategy, monkeypatch):

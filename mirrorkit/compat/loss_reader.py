@@ -3,8 +3,8 @@
 `Reader` walks back from a tensor of a replica's traced ``fit`` step to the
 replica's batch (the step's ``data``, `mirrorkit.patching.fit_step`) and gives
 its `mirrorkit.compat.loss_forms.Form`: a mean over the batch, a sum, one value
-per example, or neither; `weighted_terms` splits a loss that adds a sum to a
-mean into its terms, so that each can be weighted as one device weighs it.
+per example, or neither (`mirrorkit.compat.loss_terms` splits a loss that adds
+a sum to a mean into its terms).
 Ops this module does not know keep the examples along axis 0 when their output
 keeps that dimension's size; anything else is ``"unknown"``.
 """
@@ -67,15 +67,15 @@ class Reader:
 
     Args:
         graph: the graph of the step (the tensors' graph).
-        batch: the replica's batch tensors in that graph.
+        batch: the names of the replica's batch tensors in that graph.
         replicas: the replicas in sync (a sum divided by this many batches is the recipe
             of TensorFlow's custom loops: still a sum, weighted as one).
     """
 
-    def __init__(self, graph: Any, batch: list[Any], replicas: int):
+    def __init__(self, graph: Any, batch: set[str], replicas: int):
         self.replicas = replicas
         self._marks = marks_in(graph)
-        self._batch = {t.name: t for t in batch if hasattr(t, "op")}
+        self._batch = set(batch)
         self._memo: dict[str, Form] = {}
 
     def read(self, tensor: Any) -> Form:
@@ -350,78 +350,3 @@ def reader() -> Reader | None:
         return None
     graph = tf.compat.v1.get_default_graph()
     return Reader(graph, fit_step.batch_tensors(graph), fit_step.replicas())
-
-
-def weighted_terms(reader: Reader, target: Any) -> tuple[list[tuple[Any, Any, Form]], Form]:
-    """`target` as terms to differentiate, each with its coefficient and form.
-
-    A target of one form is one term with coefficient 1. A ``"mixed"`` target
-    (a sum over the batch plus a mean) is split where it is added up (``+``,
-    ``-``, ``AddN``, ``ops.sum`` of a list, a constant factor), so that each
-    term can be weighted on its own: the gradient of ``a + b`` is the
-    gradient of ``[a, b]``.
-
-    Args:
-        reader: the step's `Reader`.
-        target: a tensor handed to ``tape.gradient``.
-
-    Returns:
-        ``(terms, form)``: the terms as ``(tensor, coefficient or None, form)``,
-        and the target's own form.
-    """
-    form = reader.read(target)
-    if form.kind != "mixed":
-        return [(target, None, form)], form
-    terms: list[tuple[Any, Any, Form]] = []
-    stack = [(target, None, form)]
-    while stack:
-        tensor, coefficient, tensor_form = stack.pop()
-        parts = _split(reader, tensor, coefficient) if tensor_form.kind == "mixed" else None
-        if parts is None:
-            terms.append((tensor, coefficient, tensor_form))
-        else:
-            stack.extend(parts)
-    return terms, form
-
-
-def _split(reader: Reader, tensor: Any, coefficient: Any):
-    op = tensor.op
-    kind = op.type
-
-    def times(factor):
-        if coefficient is None:
-            return factor
-        return (
-            coefficient * tf.cast(factor, coefficient.dtype)
-            if tf.is_tensor(factor)
-            else coefficient * factor
-        )
-
-    def part(t, factor=None, divisor=None):
-        c = coefficient if factor is None else times(factor)
-        form = reader.read(t)
-        if divisor is not None and form.kind == "sum":
-            form = reader.scaled_sum(form, divisor)
-        return (t, c, form)
-
-    if kind in ("AddV2", "Add", "AddN"):
-        return [part(t) for t in op.inputs]
-    if kind == "Sub":
-        return [part(op.inputs[0]), part(op.inputs[1], -1.0)]
-    if kind == "Neg":
-        return [part(op.inputs[0], -1.0)]
-    if kind in ("Identity", "Cast"):
-        return [part(op.inputs[0])]
-    if kind == "Sum" and op.inputs[0].op.type == "Pack":
-        return [part(t) for t in op.inputs[0].op.inputs]
-    if kind in _MUL:
-        for i in (0, 1):
-            other = op.inputs[1 - i]
-            if reader.read(other).kind == "const" and other.shape.rank == 0:
-                value = batch_axis.scalar(other)
-                return [part(op.inputs[i], other, 1.0 / value if value else None)]
-    if kind in ("RealDiv", "Div") and reader.read(op.inputs[1]).kind == "const":
-        value = batch_axis.scalar(op.inputs[1])
-        if value:
-            return [part(op.inputs[0], 1.0 / value, value)]
-    return None

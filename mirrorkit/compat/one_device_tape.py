@@ -52,7 +52,7 @@ import tensorflow as tf
 
 from mirrorkit.cluster import chief
 from mirrorkit.cluster.workers import spans_replicas
-from mirrorkit.compat import loss_forms, loss_reader
+from mirrorkit.compat import loss_forms, loss_reader, loss_terms
 from mirrorkit.patching import fit_step
 from mirrorkit.patching.repair import Repair
 
@@ -104,7 +104,7 @@ def _weighed(target: Any, output_gradients: Any) -> tuple[list, list] | None:
         if reader is None or not tensor.dtype.is_floating:
             terms = [(tensor, None, _eager_form(tensor))] if tensor.dtype.is_floating else []
         else:
-            terms, _ = loss_reader.weighted_terms(reader, tensor)
+            terms, _ = loss_terms.weighted_terms(reader, tensor)
             if gradient is not None or any(t.shape != tensor.shape for t, _, _ in terms):
                 terms = [(tensor, None, reader.read(tensor))]  # not split: shapes or a gradient
         if not terms:

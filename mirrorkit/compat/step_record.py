@@ -56,8 +56,13 @@ class Step:
     """
 
     def __init__(self, optimizer: Any):
-        self.optimizer = optimizer
+        self._optimizer = weakref.ref(optimizer)  # kept in a weak dict keyed by the optimizer
         self.stages: set[str] = set()
+
+    @property
+    def optimizer(self) -> Any:
+        """The optimizer whose step this is."""
+        return self._optimizer()
 
     def did(self, stage: str, what: str = "") -> None:
         """Records that the stage `stage` (one of `STAGES`) runs, doing `what`."""

@@ -31,7 +31,8 @@ import tensorflow as tf
 
 _lock = threading.Lock()
 _depth = 0
-#: The batch tensors each replica's traced step received: graph -> [tensor, ...].
+#: The names of the batch tensors each replica's traced step received: graph -> {name, ...}
+#: (names, not tensors: a tensor holds its graph, which would then never be freed).
 _BATCHES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 #: The leading sizes of the batch an eager step (``run_eagerly=True``) runs on now.
 _EAGER_SIZES: set[int] = set()
@@ -94,7 +95,7 @@ def _record_batch(data: Any) -> None:
         _EAGER_SIZES.update(int(t.shape[0]) for t in tensors if t.shape.rank)
         return
     for tensor in tensors:
-        _BATCHES.setdefault(tensor.graph, []).append(tensor)
+        _BATCHES.setdefault(tensor.graph, set()).add(tensor.name)
 
 
 def eager_batch_sizes() -> set[int]:
@@ -102,13 +103,13 @@ def eager_batch_sizes() -> set[int]:
     return set(_EAGER_SIZES)
 
 
-def batch_tensors(graph: Any) -> list[Any]:
-    """The batch tensors the replicas' steps traced in `graph` received (their ``data``).
+def batch_tensors(graph: Any) -> set[str]:
+    """The names of the batch tensors the replicas' steps traced in `graph` received.
 
     Args:
         graph: the graph of a traced step (``tf.compat.v1.get_default_graph()`` inside it).
 
     Returns:
-        The tensors, every replica's; empty outside a traced step.
+        The tensors' names (their ``data``), every replica's; empty outside a traced step.
     """
-    return list(_BATCHES.get(graph, ()))
+    return set(_BATCHES.get(graph, ()))

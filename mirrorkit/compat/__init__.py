@@ -22,6 +22,7 @@ import tensorflow as tf
 from mirrorkit import versions
 from mirrorkit.cluster import chief
 from mirrorkit.cluster.workers import spans_replicas
+from mirrorkit.compat import step_record
 from mirrorkit.patching import instance as _instance
 from mirrorkit.patching import repair as _repair
 from mirrorkit.patching.repair import SCOPED, Repair
@@ -156,6 +157,8 @@ def describe() -> list[dict[str, str]]:
             applies = f"Keras {keras.__version__} still has the bug (its canary read the code)"
         else:
             applies = f"every Keras mirrorkit supports (now {keras.__version__})"
+        if repair.name == "optimizer_step" and step_record.runs():
+            applies += f"; the last steps ran: {step_record.runs()}"
         rows.append(
             {
                 "name": repair.name,

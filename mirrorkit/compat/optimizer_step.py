@@ -19,7 +19,8 @@ Keras's TensorFlow optimizer (Keras 3.10-3.16) under N replicas:
 
 The repair replaces the optimizer's apply, in a replica context of a strategy
 that spans replicas, with one pipeline whose stages run in the order of
-`STAGES` (those an optimizer needs; `ran` lists the last step's):
+`mirrorkit.compat.step_record.STAGES` (those an optimizer needs;
+``step_record.ran`` lists the last step's, and the chief says them once):
 
 1. average: inside ``fit``'s step, where every loss is one device's
    (`mirrorkit.compat.one_device_loss`), each replica's gradient divided by N;
@@ -36,7 +37,8 @@ that spans replicas, with one pipeline whose stages run in the order of
 5. merge slices: the replicas' slices of each id of a sparse matmul's gradient
    summed into one (`mirrorkit.compat.gradient_sums`);
 6. clip: Keras's own clipping, on the all-reduced gradient;
-7. weight decay and 8. update: Keras's own, once per variable;
+7. weight decay and 8. update: Keras's own, once per variable (``update_step``
+   gets the Keras variable, as on one device);
 9. EMA: Keras's moving averages, and the overwrite every
    ``ema_overwrite_frequency`` steps from the cross-replica context.
 
@@ -180,11 +182,16 @@ def _reduce_and_apply(step: Step, grads: list, variables: list) -> None:
     _apply_reduced(step, reduced, variables, merge)
 
 
+#: How the notice names mirrorkit's own gradient hooks; the step clock changes no number.
+_HOOK_WORDS = {"compression": "compression", "nan_guard": "NaNGuard's check", "step_clock": ""}
+
+
 def _reducer(optimizer: Any) -> str:
-    """How the all-reduce runs: Keras's own, or through the gradient hooks (their names)."""
+    """What acts in the all-reduce: the gradient hooks that change or check the gradients."""
     chain = vars(optimizer).get(gradient_sums.ALL_REDUCE)
-    hooks = getattr(chain, "hooks", None)  # the hook chain of mirrorkit.training.gradient_hooks
-    return ", ".join(sorted({name.split(".")[0] for name in hooks})) if hooks else ""
+    hooks = getattr(chain, "hooks", None) or {}  # mirrorkit.training.gradient_hooks' chain
+    words = {_HOOK_WORDS.get(name.split(".")[0], name) for name in hooks}
+    return ", ".join(sorted(word for word in words if word))
 
 
 def _ema(step: Step) -> None:

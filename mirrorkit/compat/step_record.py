@@ -48,6 +48,18 @@ def ran(optimizer: Any) -> tuple[str, ...]:
     return tuple(_RAN.get(optimizer, ()))
 
 
+def runs() -> str:
+    """What each optimizer's last step across replicas ran, for ``compat.describe()``.
+
+    Returns:
+        ``"SGD: average (over 2 replicas), all-reduce, update"``, one optimizer after the
+        other (``; ``); empty before any step across replicas.
+    """
+    return "; ".join(
+        f"{type(optimizer).__name__}: {', '.join(stages)}" for optimizer, stages in _RAN.items()
+    )
+
+
 class Step:
     """One optimizer's step across replicas as traced: the stages it ran, said once.
 

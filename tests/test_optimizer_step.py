@@ -121,9 +121,9 @@ def test_the_step_says_once_what_it_runs_and_describe_lists_it(strategies, capfd
     assert_quoted_in(quoted_block("compat.md", "once what each optimizer's step runs"), said)
     rows = {row["name"]: row for row in compat.describe()}
     assert rows["optimizer_step"]["target"].endswith("TFOptimizer._backend_apply_gradients")
-    assert "the last steps ran: SGD: average (over 2 replicas), accumulate" in (
-        rows["optimizer_step"]["applies"]
-    )
+    applies = rows["optimizer_step"]["applies"]
+    assert "; the last steps ran: " in applies
+    assert "SGD: average (over 2 replicas), accumulate (2 steps), all-reduce" in applies
 
 
 #: The optimizer methods a step goes through: only compat/optimizer_step replaces them (the

@@ -18,10 +18,12 @@ from _quoted import assert_quoted_in, quoted_block
 from keras import ops
 
 import mirrorkit as mk
-from mirrorkit import compat
+from mirrorkit import compat, versions
 from mirrorkit.compat import loss_reader, loss_terms, one_device_tape
 
 TOLERANCE = 1e-5
+#: Keras before 3.15 (the tested 3.10), where the docs' table says plain Keras differs.
+OLD_KERAS = versions.parse(keras.__version__) < (3, 15)
 
 
 def _relative(found):
@@ -222,7 +224,8 @@ TABLE_ROWS = {
     "a `compute_loss` that returns `ops.sum(...)`": ("compute_loss sum",),
     "`add_loss(ops.mean(...))`": ("add_loss mean",),
     "`add_loss(rate * ops.sum": ("add_loss sum",),
-    "`kernel_regularizer=`": ("kernel_regularizer", "activity_regularizer"),
+    "`kernel_regularizer=`": ("kernel_regularizer",),
+    "`activity_regularizer=`": ("activity_regularizer",),
     "your own `train_step`: `tape.gradient` of `ops.mean(...)`, or": (
         "train_step mean",
         "train_step sum / batch size",
@@ -263,7 +266,12 @@ def test_the_docs_table_of_loss_forms_says_what_plain_mirrored_strategy_gives(on
                 float(np.abs(a - b).max())
                 for a, b in zip(one["weights"], got["weights"], strict=True)
             )
-            assert (weights > 1e-3) == says.startswith("not one device's"), (name, weights)
+            differs = says.startswith("not one device's") or (
+                OLD_KERAS and "Keras 3.10: not one device's" in says
+            )
+            assert (weights > 1e-3) == differs, (name, weights, says)
+            if differs:
+                continue
             if "logs N times" in says:
                 np.testing.assert_allclose(got["loss"], [2 * v for v in one["loss"]], rtol=1e-5)
             elif "logged loss" in says:

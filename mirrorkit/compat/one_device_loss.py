@@ -42,7 +42,7 @@ _UPSTREAM = "keras-team/keras#19891 (loss scaling under tf.distribute)"
 
 def _mark_steps(original):
     def _make_function(self, step_function):
-        return original(self, fit_step.wrap(step_function))
+        return original(self, fit_step.wrap(step_function, owner=self))
 
     _make_function.__wrapped__ = original
     return _make_function

@@ -45,6 +45,7 @@ is said once too.
 
 from __future__ import annotations
 
+import weakref
 from typing import Any
 
 import keras
@@ -59,8 +60,20 @@ from mirrorkit.patching.repair import Repair
 _ACCOUNT = "losses-in-your-own-train_step"
 _UPSTREAM = "a loss summed over the batch (docs: compat/#losses-in-your-own-train_step)"
 
-#: What the reads found that mirrorkit could not weight, in this process: (where, form words).
-UNREAD: list[tuple[str, str]] = []
+#: What the reads found that mirrorkit could not weight, by model: [(where, form words)].
+_UNREAD: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def unread(model: Any) -> list[tuple[str, str]]:
+    """The losses of `model`'s steps whose form mirrorkit could not read: (where, form).
+
+    Args:
+        model: a Keras model that has trained (or evaluated) across replicas.
+
+    Returns:
+        One ``(where, form in words)`` per loss, in the order they were traced.
+    """
+    return list(dict.fromkeys(_UNREAD.get(model, ())))
 
 
 def _is_variable(source: Any) -> bool:
@@ -80,7 +93,9 @@ def _said(form: loss_forms.Form, where: str, what: str, replicas: int) -> None:
             "gradients of it, as one device's gradient of the sum over the global batch",
         )
     elif not form.weight_known:
-        UNREAD.append((f"{what} ({where})", form.describe()))
+        model = fit_step.owner()
+        if model is not None:
+            _UNREAD.setdefault(model, []).append((f"{what} ({where})", form.describe()))
         chief.say_once(
             f"loss-form-unread-{what}-{form.kind}",
             f"{what} ({where}) is {form.describe()}: mirrorkit averages the {replicas} "

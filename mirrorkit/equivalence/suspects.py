@@ -6,7 +6,7 @@ such as a GRU with ``dropout=0``, draws none), batch normalisation with
 per-replica statistics, a custom ``train_step`` (whose losses are weighted by
 their form, a mean or a sum over the batch, as one device's;
 `mirrorkit.compat.one_device_tape`), a loss whose form mirrorkit could not read
-(`mirrorkit.compat.one_device_tape.UNREAD`) and an overridden ``compute_loss``
+(`mirrorkit.compat.one_device_tape.unread`) and an overridden ``compute_loss``
 (a loss that compares the examples of a batch sees only the replica's part,
 unless it gathers them with `mk.all_gather`). A loss reduced with
 ``reduction="sum"``, or summed by hand, is no suspect: inside ``fit`` it is
@@ -37,7 +37,9 @@ def find(model: keras.Model) -> dict[str, Any]:
         ``random``: ``[(layer name, class name)]`` of layers with a Keras
         seed generator; ``batch_norm``: unsynchronised BatchNormalization
         layer names; ``train_step``: the class that overrides ``train_step``;
-        ``compute_loss``: the class that overrides ``compute_loss``.
+        ``compute_loss``: the class that overrides ``compute_loss``;
+        ``loss_forms``: ``[(where, form)]`` of the losses whose form the
+        model's steps could not read (averaged as means).
     """
     layers = all_layers(model)
     random = [(layer.name, type(layer).__name__) for layer in layers if _draws_random(layer)]
@@ -46,7 +48,7 @@ def find(model: keras.Model) -> dict[str, Any]:
         "batch_norm": unsynchronized_batch_norm(model),
         "train_step": custom_train_step(model),
         "compute_loss": overrides(model, "compute_loss"),
-        "loss_forms": list(dict.fromkeys(one_device_tape.UNREAD)),
+        "loss_forms": one_device_tape.unread(model),
     }
 
 

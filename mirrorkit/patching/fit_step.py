@@ -34,6 +34,8 @@ _depth = 0
 #: The names of the batch tensors each replica's traced step received: graph -> {name, ...}
 #: (names, not tensors: a tensor holds its graph, which would then never be freed).
 _BATCHES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+#: The model whose step ran (or was traced) last, held weakly.
+_OWNER: list[Any] = [None]
 #: The leading sizes of the batch an eager step (``run_eagerly=True``) runs on now.
 _EAGER_SIZES: set[int] = set()
 
@@ -61,22 +63,25 @@ def averaging_replicas() -> int:
     return replicas()
 
 
-def wrap(step_function: Callable[[Any], Any]) -> Callable[[Any], Any]:
+def wrap(step_function: Callable[[Any], Any], owner: Any = None) -> Callable[[Any], Any]:
     """`step_function`, marked: `active` is True while it runs.
 
     Args:
         step_function: Keras's ``train_step`` or ``test_step`` (bound), as
             ``fit`` hands it to ``strategy.run``.
+        owner: the model whose step it is (`owner` returns it while it runs).
 
     Returns:
         A function of the same name that calls it.
     """
+    held = weakref.ref(owner) if owner is not None else None
 
     @functools.wraps(step_function)
     def one_device_step(data):
         global _depth
         with _lock:
             _depth += 1
+            _OWNER[0] = held
             _record_batch(data)
         try:
             return step_function(data)
@@ -85,6 +90,12 @@ def wrap(step_function: Callable[[Any], Any]) -> Callable[[Any], Any]:
                 _depth -= 1
 
     return one_device_step
+
+
+def owner() -> Any:
+    """The model whose step runs (or is traced) now, or ran last; None if none is known."""
+    held = _OWNER[0]
+    return held() if held is not None else None
 
 
 def _record_batch(data: Any) -> None:

@@ -36,3 +36,25 @@ def tiny_model(inputs: int = 3, units: int = 1, optimizer: Any = "sgd", **compil
     model = keras.Sequential([keras.Input((inputs,)), keras.layers.Dense(units)])
     model.compile(optimizer=optimizer, loss="mse", **compile_kwargs)
     return model
+
+
+def own_update_model(inputs: int = 3):
+    """A model whose ``train_step`` updates its weights itself (``assign_sub``), never through
+    its optimizer: a step that never reaches the optimizer's gradient all-reduce."""
+    import keras
+    import tensorflow as tf
+
+    class OwnUpdate(keras.Model):
+        def train_step(self, data):
+            x, y = data
+            with tf.GradientTape() as tape:
+                loss = keras.ops.mean(keras.ops.square(self(x, training=True) - y))
+            grads = tape.gradient(loss, self.trainable_variables)
+            for variable, grad in zip(self.trainable_variables, grads, strict=True):
+                variable.assign_sub(0.01 * grad)
+            return {"loss": loss}
+
+    x = keras.Input((inputs,))
+    model = OwnUpdate(x, keras.layers.Dense(1)(x))
+    model.compile(optimizer="sgd")
+    return model

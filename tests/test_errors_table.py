@@ -290,29 +290,10 @@ def _nan_guard_with_loss_scaling():
 
 
 def _nan_guard_with_own_update():
-    import keras
-    import tensorflow as tf
-
-    class OwnUpdate(keras.Model):
-        """A train_step that updates the weights itself, not through the optimizer."""
-
-        def train_step(self, data):
-            x, y = data
-            with tf.GradientTape() as tape:
-                loss = keras.ops.mean(keras.ops.square(self(x, training=True) - y))
-            grads = tape.gradient(loss, self.trainable_variables)
-            for variable, grad in zip(self.trainable_variables, grads, strict=True):
-                variable.assign_sub(0.01 * grad)
-            return {"loss": loss}
-
-    def make():
-        inputs = keras.Input((3,))
-        model = OwnUpdate(inputs, keras.layers.Dense(1)(inputs))
-        model.compile(optimizer="sgd")
-        return model
+    from _models import own_update_model
 
     x, y = _xy(16)
-    model = mk.build(make, _strategy2())
+    model = mk.build(own_update_model, _strategy2())
     model.fit(x, y, batch_size=8, epochs=1, verbose=0, callbacks=[mk.callbacks.NaNGuard()])
 
 

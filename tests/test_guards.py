@@ -252,26 +252,10 @@ def test_a_gradient_alone_non_finite_is_caught_and_named():
 
 def test_a_step_the_guard_cannot_check_is_an_error_not_a_silent_no_op():
     # A train_step that updates the weights itself never reaches the optimizer's all-reduce.
-    import keras
     import tensorflow as tf
+    from _models import own_update_model
 
-    class OwnUpdate(keras.Model):
-        def train_step(self, data):
-            x, y = data
-            with tf.GradientTape() as tape:
-                loss = keras.ops.mean(keras.ops.square(self(x, training=True) - y))
-            grads = tape.gradient(loss, self.trainable_variables)
-            for variable, grad in zip(self.trainable_variables, grads, strict=True):
-                variable.assign_sub(0.01 * grad)
-            return {"loss": loss}
-
-    def make():
-        inputs = keras.Input((3,))
-        model = OwnUpdate(inputs, keras.layers.Dense(1)(inputs))
-        model.compile(optimizer="sgd")
-        return model
-
-    model = mk.build(make, mk.strategy(cpu_replicas=2))
+    model = mk.build(own_update_model, mk.strategy(cpu_replicas=2))
     x, y = np.ones((32, 3), "float32"), np.ones((32, 1), "float32")
     data = tf.data.Dataset.from_tensor_slices((x, y)).batch(8)
     with pytest.raises(RuntimeError, match="NaNGuard could not check this training step"):

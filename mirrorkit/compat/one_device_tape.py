@@ -222,35 +222,34 @@ TESTS = (
     "tests/test_keras_io_examples.py::test_final_weights_as_one_device[dual_encoder]",
 )
 
+
+def _repair(name: str, module: str, target: str, replacement) -> Repair:
+    return Repair(
+        name=name,
+        upstream=_UPSTREAM,
+        module=module,
+        target=target,
+        replacement=replacement,
+        applies_to=spans_replicas,
+        account=_ACCOUNT,
+        tests=TESTS,
+    )
+
+
+_TRAINER = "keras.src.backend.tensorflow.trainer"
+
 REPAIRS = (
-    Repair(
-        name="one_device_tape",
-        upstream=_UPSTREAM,
-        module="tensorflow",
-        target="GradientTape.gradient",
-        replacement=_weighted_gradient,
-        applies_to=spans_replicas,
-        account=_ACCOUNT,
-        tests=TESTS,
+    _repair("one_device_tape", "tensorflow", "GradientTape.gradient", _weighted_gradient),
+    _repair(
+        "one_device_additional_loss",
+        _TRAINER,
+        "TensorFlowTrainer._aggregate_additional_loss",
+        _additional_as_one_device,
     ),
-    Repair(
-        name="one_device_additional_loss",
-        upstream=_UPSTREAM,
-        module="keras.src.backend.tensorflow.trainer",
-        target="TensorFlowTrainer._aggregate_additional_loss",
-        replacement=_additional_as_one_device,
-        applies_to=spans_replicas,
-        account=_ACCOUNT,
-        tests=TESTS,
-    ),
-    Repair(
-        name="one_device_compute_loss",
-        upstream=_UPSTREAM,
-        module="keras.src.backend.tensorflow.trainer",
-        target="TensorFlowTrainer._compute_loss",
-        replacement=_compute_loss_as_one_device,
-        applies_to=spans_replicas,
-        account=_ACCOUNT,
-        tests=TESTS,
+    _repair(
+        "one_device_compute_loss",
+        _TRAINER,
+        "TensorFlowTrainer._compute_loss",
+        _compute_loss_as_one_device,
     ),
 )

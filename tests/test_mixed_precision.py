@@ -136,6 +136,42 @@ def test_without_an_overflow_two_replicas_equal_one_device_at_every_step():
     assert_as_one_device(one, two)
 
 
+def _fitted_targets():
+    """64 examples whose targets a linear map makes (about 4 times the random ones): at the
+    initial scale of 32768, a replica's float16 gradient of its own mean over 8 examples would
+    overflow where one device's share of the mean over 16 does not."""
+    rng = np.random.default_rng(2)
+    x = rng.normal(size=(96, 4)).astype("float32")
+    y = (x @ rng.normal(size=(4, 1)) + 0.1 * rng.normal(size=(96, 1))).astype("float32")
+    return x, y
+
+
+@pytest.mark.parametrize("kind", ["fit", "scale_loss"])
+def test_without_an_overflow_the_scale_skips_what_one_device_skips(kind):
+    """Each replica's loss is one device's loss on its part of the batch; scaled by the whole
+    scale, its float16 backward pass overflowed twice as soon as one device's: 2 replicas
+    skipped a step one device did not (scale 16384 from step 1, iterations one short)."""
+    runs = []
+    for strategy in (mk.strategy("one_device"), mk.strategy(cpu_replicas=2)):
+        keras.mixed_precision.set_global_policy("mixed_float16")
+        try:
+            with strategy.scope():
+                model = ScaledStep() if kind == "scale_loss" else _dense_model()
+                model.compile(optimizer=keras.optimizers.SGD(0.01), loss="mse")
+            steps = _Steps()
+            inputs = mk.distribute(
+                _fitted_targets(), strategy, global_batch_size=BATCH, shuffle=False
+            )
+            model.fit(inputs, epochs=1, verbose=0, callbacks=[steps])
+        finally:
+            keras.mixed_precision.set_global_policy("float32")
+        runs.append({"scales": steps.scales, "iterations": steps.iterations,
+                     "weights": [w.copy() for w in model.get_weights()]})  # fmt: skip
+    one, two = runs
+    assert one["scales"] == [32768.0] * 6 and one["iterations"] == list(range(1, 7))
+    assert_as_one_device(one, two)
+
+
 @pytest.mark.slow
 def test_accumulation_and_compression_compose_with_the_agreed_skip():
     """gradient_accumulation_steps=2 and fp16 all-reduce: the overflow's step is still skipped

@@ -131,6 +131,7 @@ def test_the_step_says_once_what_it_runs_and_describe_lists_it(strategies, capfd
 STEP_METHODS = {
     "apply",
     "apply_gradients",
+    "scale_loss",
     "_backend_apply_gradients",
     "_backend_update_step",
     "_clip_gradients",

@@ -52,6 +52,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
+import weakref
 from collections.abc import Iterator
 from typing import Any
 
@@ -304,9 +305,16 @@ def _loss_scaled_apply(original):
         _check_loss_scale(self)
         inner = self.inner_optimizer
         step = step_for(inner)
+        # Where this step's loss was scaled by the scale / N (`_scale_loss`), the gradients
+        # are averaged already, and no larger in float16 than one device's share of them; a
+        # custom train_step that never called scale_loss has them averaged here.
+        replicas = fit_step.averaging_replicas()
+        in_the_loss = _divided_in_the_loss(self)
         if inner.gradient_accumulation_steps:  # the check every micro-step, the sum every K-th
             step.did("loss scale", "agreed on every micro-step")
             finite = loss_scale_check.agreed_finite(self, grads)
+            if replicas > 1 and in_the_loss:
+                grads = [gradient_sums.multiplied(g, replicas) for g in grads]
             loss_scale_check.skip_or_apply(self, finite, grads, trainable_variables, _apply)
             return None
         step.did("loss scale", "a step skipped on every replica when the sum is not finite")
@@ -314,10 +322,11 @@ def _loss_scaled_apply(original):
         # All-reduced unscaled (a power of two: exact), so that a 16-bit all-reduce does not
         # overflow on the scale; scaled again for Keras's own finite branch, which unscales.
         scale = tf.convert_to_tensor(self.dynamic_scale)
-        divisor = scale * fit_step.averaging_replicas()
+        divisor = scale if in_the_loss else scale * replicas
         grads = [gradient_sums.divided(g, divisor) for g in grads]
-        if fit_step.averaging_replicas() > 1:
-            step.did("average", f"over {fit_step.averaging_replicas()} replicas")
+        if replicas > 1:
+            where = "in the scaled loss" if in_the_loss else "with the loss scale"
+            step.did("average", f"over {replicas} replicas, {where}")
         reduced, riders = gradient_sums.all_reduce(
             inner, list(grads), variables, loss_scale_check.local(self), used_for=_USED_FOR
         )
@@ -331,6 +340,41 @@ def _loss_scaled_apply(original):
 
     _tf_apply.__wrapped__ = original
     return _tf_apply
+
+
+def _scale_loss(original):
+    def scale_loss(self, loss):
+        scaled = original(self, loss)
+        replicas = fit_step.averaging_replicas()
+        if replicas == 1 or not tf.is_tensor(scaled):
+            return scaled
+        # Each replica's loss is one device's loss on its part of the batch: scaled by the
+        # scale / N its float16 backward pass is no larger than one device's share of it, and
+        # overflows where one device's does (scaled by the whole scale it would overflow N
+        # times sooner, and skip steps one device does not skip).
+        _DIVIDED_LOSSES.setdefault(_graph_key(), set()).add(id(self))
+        return scaled / tf.cast(replicas, scaled.dtype)
+
+    scale_loss.__wrapped__ = original
+    return scale_loss
+
+
+#: The step graph -> the loss scale optimizers whose scale_loss divided a loss by N in it.
+_DIVIDED_LOSSES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_EAGER = tf.Graph()  # the key of eager steps (run_eagerly=True), consumed by each apply
+
+
+def _graph_key() -> Any:
+    return _EAGER if tf.executing_eagerly() else tf.compat.v1.get_default_graph()
+
+
+def _divided_in_the_loss(loss_scale: Any) -> bool:
+    """Whether `loss_scale.scale_loss` divided this step's loss by N (Keras's fit does)."""
+    divided = _DIVIDED_LOSSES.get(_graph_key(), set())
+    found = id(loss_scale) in divided
+    if tf.executing_eagerly():
+        divided.discard(id(loss_scale))
+    return found
 
 
 def _apply(loss_scale: Any, grads: list, trainable_variables: Any) -> None:
@@ -383,4 +427,18 @@ LOSS_SCALE = Repair(
     ),
 )
 
-REPAIRS = (STEP, LOSS_SCALE)
+SCALED_LOSS = Repair(
+    name="optimizer_step_scaled_loss",
+    upstream="LossScaleOptimizer.scale_loss scales each replica's one-device loss by the whole "
+    "scale (docs: compat/#mixed-precision-across-replicas)",
+    module="keras.src.optimizers.loss_scale_optimizer",
+    target="LossScaleOptimizer.scale_loss",
+    replacement=_scale_loss,
+    applies_to=spans_replicas,
+    account="mixed-precision-across-replicas",
+    tests=(
+        "tests/test_mixed_precision.py::test_without_an_overflow_the_scale_skips_what_one_device_skips",
+    ),
+)
+
+REPAIRS = (STEP, LOSS_SCALE, SCALED_LOSS)

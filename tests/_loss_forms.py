@@ -26,6 +26,16 @@ def data():
     return x, y
 
 
+def sample_weights():
+    """Uneven weights: each replica's ratio of its own sums is not the global batch's."""
+    return np.random.default_rng(3).uniform(0.1, 2.0, size=(EXAMPLES,)).astype("float32")
+
+
+def _inputs(name):
+    x, y = data()
+    return (x, y, sample_weights()) if name in WEIGHTED else (x, y)
+
+
 def _layers(**dense):
     import keras
 
@@ -57,6 +67,22 @@ def _compiled(reduction=None, **dense):
         model = keras.Sequential(_layers(**dense))
         loss = keras.losses.MeanSquaredError(**({} if reduction is None else reduction))
         model.compile(optimizer=_optimizer(), loss=loss)
+        return _weights(model)
+
+    return make
+
+
+def _compiled_function():
+    """A loss function that reduces by itself: Keras hands its scalar back as it is."""
+    import keras
+    from keras import ops
+
+    def summed_squares(y_true, y_pred):
+        return ops.sum(ops.square(y_true - y_pred))
+
+    def make():
+        model = keras.Sequential(_layers())
+        model.compile(optimizer=_optimizer(), loss=summed_squares)
         return _weights(model)
 
     return make
@@ -95,6 +121,8 @@ def _own_compute_loss(returns):
     class OwnLoss(keras.Model):
         def compute_loss(self, x=None, y=None, y_pred=None, sample_weight=None, training=True):
             per_example = keras.losses.mean_squared_error(y, y_pred)
+            if returns == "mean + sum":
+                return ops.mean(per_example) + RATE * ops.sum(per_example)
             return per_example if returns == "vector" else ops.sum(per_example)
 
     def make():
@@ -188,8 +216,11 @@ def _forms():
         "compiled sum_over_batch_size": _compiled(),
         "compiled sum": _compiled({"reduction": "sum"}),
         "compiled none": _compiled({"reduction": None}),
+        "compiled mean_with_sample_weight": _compiled({"reduction": "mean_with_sample_weight"}),
+        "compiled function returning a sum": _compiled_function(),
         "compute_loss vector": _own_compute_loss("vector"),
         "compute_loss sum": _own_compute_loss("sum"),
+        "compute_loss mean + sum": _own_compute_loss("mean + sum"),
         "add_loss mean": _with_layer(_add_loss_layer("mean")),
         "add_loss sum": _with_layer(_add_loss_layer("sum")),
         "kernel_regularizer": _compiled(kernel_regularizer=keras.regularizers.L2(RATE)),
@@ -208,8 +239,11 @@ NAMES = (
     "compiled sum_over_batch_size",
     "compiled sum",
     "compiled none",
+    "compiled mean_with_sample_weight",
+    "compiled function returning a sum",
     "compute_loss vector",
     "compute_loss sum",
+    "compute_loss mean + sum",
     "add_loss mean",
     "add_loss sum",
     "kernel_regularizer",
@@ -222,6 +256,9 @@ NAMES = (
     "train_step sum / batch size",
 )
 
+#: Forms trained with `sample_weights`.
+WEIGHTED = ("compiled mean_with_sample_weight",)
+
 #: Forms whose own train_step logs a sum over the batch by hand: the replica's share.
 LOGS_A_SHARE = ("train_step sum", "train_step mean + sum", "train_step sum / global batch")
 
@@ -232,11 +269,11 @@ def train(strategy, name, epochs=2):
 
     with strategy.scope():
         model = _forms()[name]()
-    x, y = data()
-    inputs = mk.distribute((x, y), strategy, global_batch_size=BATCH, shuffle=False)
+    inputs = mk.distribute(_inputs(name), strategy, global_batch_size=BATCH, shuffle=False)
     history = model.fit(inputs, epochs=epochs, verbose=0)
     evaluation = model.evaluate(
-        mk.distribute((x, y), strategy, global_batch_size=BATCH, shuffle=False), verbose=0
+        mk.distribute(_inputs(name), strategy, global_batch_size=BATCH, shuffle=False),
+        verbose=0,
     )
     return {
         "weights": [w.copy() for w in model.get_weights()],
@@ -277,8 +314,7 @@ def train_plain(strategy, name, epochs=2):
     try:
         with strategy.scope():
             model = _forms()[name]()
-        x, y = data()
-        inputs = tf.data.Dataset.from_tensor_slices((x, y)).batch(BATCH)
+        inputs = tf.data.Dataset.from_tensor_slices(_inputs(name)).batch(BATCH)
         history = model.fit(inputs, epochs=epochs, verbose=0, shuffle=False)
         evaluation = model.evaluate(inputs, verbose=0)
     finally:

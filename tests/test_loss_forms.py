@@ -73,6 +73,30 @@ EXPRESSIONS = {
         lambda x: ops.sum(ops.matmul(ops.transpose(x), x)),
         "sum",
     ),
+    "this replica's examples against its own, a softmax over them": (
+        lambda x: ops.mean(ops.log_softmax(ops.matmul(x, ops.transpose(x)), axis=-1)),
+        "unknown",
+    ),
+    "a cumulative sum along the batch, averaged": (
+        lambda x: ops.mean(ops.cumsum(x, axis=0)),
+        "unknown",
+    ),
+    "a cumulative sum along the features, averaged": (
+        lambda x: ops.mean(ops.cumsum(x, axis=1)),
+        "mean",
+    ),
+    "the batch against itself rolled by one": (
+        lambda x: ops.mean(ops.square(x - ops.roll(x, 1, axis=0))),
+        "unknown",
+    ),
+    "the top 2 examples of each feature": (
+        lambda x: ops.mean(ops.top_k(ops.transpose(x), 2)[0]),
+        "unknown",
+    ),
+    "sum / the count of ones like the examples": (
+        lambda x: ops.sum(_per_example(x)) / ops.sum(ops.ones_like(_per_example(x))),
+        "mean",
+    ),
     "an embedding lookup of ids": (
         lambda x: ops.sum(ops.take(_WEIGHTS, ops.cast(x[:, 0] > 0, "int32"), axis=0)),
         "sum",
@@ -88,7 +112,7 @@ def test_the_reader_reads_each_form(name):
     @tf.function(input_signature=[tf.TensorSpec([8, 3], tf.float32)])
     def step(x):
         loss = expression(x)
-        reader = loss_reader.Reader(tf.compat.v1.get_default_graph(), {x.name}, replicas=2)
+        reader = loss_reader.Reader(tf.compat.v1.get_default_graph(), {x.name})
         found.append(reader.read(loss))
         return loss
 
@@ -102,14 +126,18 @@ def test_a_dynamic_batch_size_divides_a_sum_into_a_mean():
     @tf.function(input_signature=[tf.TensorSpec([None, 3], tf.float32)])
     def step(x):
         per_example = _per_example(x)
-        reader = loss_reader.Reader(tf.compat.v1.get_default_graph(), {x.name}, replicas=2)
+        reader = loss_reader.Reader(tf.compat.v1.get_default_graph(), {x.name})
         size = ops.cast(ops.shape(x)[0], "float32")
         found.append(reader.read(ops.sum(per_example) / size))
         found.append(reader.read(ops.sum(per_example)))
+        # noise drawn to the batch's shape: one value per example, summed a sum
+        noise = tf.random.uniform(tf.shape(per_example))
+        found.append(reader.read(ops.sum(noise * ops.mean(per_example))))
+        found.append(reader.read(ops.sum(per_example) / ops.sum(ops.ones_like(per_example))))
         return per_example
 
     step.get_concrete_function()
-    assert [form.kind for form in found] == ["mean", "sum"]
+    assert [form.kind for form in found] == ["mean", "sum", "sum", "mean"]
 
 
 def test_a_mixed_loss_is_split_into_terms_of_one_form_each():
@@ -119,7 +147,7 @@ def test_a_mixed_loss_is_split_into_terms_of_one_form_each():
     def step(x):
         per_example = _per_example(x)
         loss = 2.0 * (ops.mean(per_example) - 0.5 * ops.sum(per_example))
-        reader = loss_reader.Reader(tf.compat.v1.get_default_graph(), {x.name}, replicas=2)
+        reader = loss_reader.Reader(tf.compat.v1.get_default_graph(), {x.name})
         terms, form = loss_terms.weighted_terms(reader, loss)
         found.append((form.kind, sorted(f.kind for _, _, f in terms)))
         return loss
@@ -211,6 +239,32 @@ def test_a_sum_is_said_once_and_an_unreadable_loss_is_said_with_the_fix(
     assert any("nonlinear" in form for _, form in found["loss_forms"]), found
     assert any("cannot read" in line for line in suspects.describe(found))
 
+    class LocalNegatives(RootMeanSquare):
+        """In-batch negatives without mk.all_gather: each example against its replica's."""
+
+        def train_step(self, data):
+            x, _ = data
+            with tf.GradientTape() as tape:
+                z = self(x, training=True)
+                scores = ops.matmul(z, ops.transpose(z))
+                labels = ops.arange(ops.shape(z)[0])
+                loss = ops.mean(
+                    keras.losses.sparse_categorical_crossentropy(labels, scores, from_logits=True)
+                )
+            grads = tape.gradient(loss, self.trainable_variables)
+            self.optimizer.apply_gradients(zip(grads, self.trainable_variables, strict=True))
+            return {"loss": loss}
+
+    with replicas.scope():
+        inputs = keras.Input((4,))
+        model = LocalNegatives(inputs, keras.layers.Dense(3)(inputs))
+        model.compile(optimizer="sgd")
+    model.fit(mk.distribute((x, y), replicas, global_batch_size=16), epochs=1, verbose=0)
+    said = capfd.readouterr().err
+    # the notice names the op the reader could not read past: the local similarity matrix
+    assert "a loss given to tape.gradient" in said and "made by operations mirrorkit cannot read" in said, said
+    assert "unreadable from" in said and "(MatMul)" in said, said
+
 
 # -- the docs' table --------------------------------------------------------------------------
 
@@ -224,6 +278,11 @@ TABLE_ROWS = {
     "a `compute_loss` that returns `ops.sum(...)`": ("compute_loss sum",),
     "`add_loss(ops.mean(...))`": ("add_loss mean",),
     "`add_loss(rate * ops.sum": ("add_loss sum",),
+    '`compile(loss=...)` with `reduction="mean_with_sample_weight"`': (
+        "compiled mean_with_sample_weight",
+    ),
+    "`compile(loss=fn)`, where `fn` returns": ("compiled function returning a sum",),
+    "a `compute_loss` that returns `ops.mean(...) + ": ("compute_loss mean + sum",),
     "`kernel_regularizer=`": ("kernel_regularizer",),
     "`activity_regularizer=`": ("activity_regularizer",),
     "your own `train_step`: `tape.gradient` of `ops.mean(...)`, or": (

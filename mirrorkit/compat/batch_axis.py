@@ -53,9 +53,24 @@ def dim(tensor: Any, axis: int) -> int | None:
     return shape[axis]
 
 
+#: Ops that combine or reorder values along the axes their input at this index names: along
+#: the batch axis they pair an example with other examples of this replica only.
+_ALONG_AXES = {"Roll": 2, "ReverseV2": 1, "Cumsum": 1, "Cumprod": 1, "CumulativeLogsumexp": 1}
+#: Ops that pick or order values along the last axis.
+_ALONG_THE_LAST_AXIS = frozenset({"TopKV2", "TopK", "InTopKV2", "InTopK"})
+
+
 def moved_axis(op: Any, axis: int, tensor: Any) -> int | None:
     """Where the batch `axis` of `op`'s data input is in `tensor`, or None if it is broken up."""
     kind = op.type
+    rank = op.inputs[0].shape.rank if op.inputs else None
+    if kind in _ALONG_AXES:
+        along = tf.get_static_value(op.inputs[_ALONG_AXES[kind]])
+        if along is None or rank is None:
+            return None
+        return None if axis in {int(a) % rank for a in np.asarray(along).ravel()} else axis
+    if kind in _ALONG_THE_LAST_AXIS:
+        return None if rank is None or axis == rank - 1 else axis
     if kind == "Transpose":
         perm = tf.get_static_value(op.inputs[1])
         return None if perm is None else [int(p) for p in perm].index(axis)

@@ -68,15 +68,13 @@ class Reader:
     Args:
         graph: the graph of the step (the tensors' graph).
         batch: the names of the replica's batch tensors in that graph.
-        replicas: the replicas in sync (a sum divided by this many batches is the recipe
-            of TensorFlow's custom loops: still a sum, weighted as one).
     """
 
-    def __init__(self, graph: Any, batch: set[str], replicas: int):
-        self.replicas = replicas
+    def __init__(self, graph: Any, batch: set[str]):
         self._marks = marks_in(graph)
         self._batch = set(batch)
         self._memo: dict[str, Form] = {}
+        self._origin: dict[str, str] = {}  # an unknown tensor -> the op it became unknown at
 
     def read(self, tensor: Any) -> Form:
         """The form of `tensor` (a graph tensor)."""
@@ -91,8 +89,19 @@ class Reader:
                 stack.extend(pending)
                 continue
             stack.pop()
-            self._memo[current.name] = self._form_of(current)
+            form = self._memo[current.name] = self._form_of(current)
+            if form.kind == "unknown":
+                self._origin[current.name] = next(
+                    (self._origin[t.name] for t in self._inputs_needed(current)
+                     if t.name in self._origin),
+                    f"{current.op.name} ({current.op.type})",
+                )  # fmt: skip
         return self._memo[tensor.name]
+
+    def origin(self, tensor: Any) -> str | None:
+        """The op (``name (Type)``) where a tensor read as unknown became unknown, or None."""
+        self.read(tensor)
+        return self._origin.get(tensor.name)
 
     def _inputs_needed(self, tensor: Any) -> list[Any]:
         if tensor.name in self._marks or tensor.name in self._batch:
@@ -112,7 +121,7 @@ class Reader:
         if not op.inputs or kind in ("ReadVariableOp", "VarHandleOp", "ResourceGather"):
             return CONST if kind != "ResourceGather" else self._gather(op, CONST, inputs)
         if kind in _INDEPENDENT:
-            return self._shape_like(op, inputs) if kind in ("Shape", "ShapeN") else CONST
+            return self._independent(op, inputs)
         if inputs[0].kind == "shape" and kind in ("StridedSlice", "Slice", "GatherV2", "Gather"):
             return self._size_in(op, inputs[0])
         if kind == "Size":
@@ -140,10 +149,20 @@ class Reader:
             return self._matmul(op, inputs, tensor)
         return self._structural(op, tensor, inputs)
 
-    def _shape_like(self, op: Any, inputs: list[Form]) -> Form:
-        source = inputs[0]
-        if source.kind in ("batch", "gathered"):
-            return Form("shape", source.axis)
+    def _independent(self, op: Any, inputs: list[Form]) -> Form:
+        """Values that do not depend on the examples, but may be one per example.
+
+        ``ops.ones_like(y)`` of a batch, and a tensor filled or drawn to a shape read from
+        the batch (``tf.random.normal(tf.shape(x))``), hold one value per example: summed
+        over the batch they count the examples, as a mean's divisor does.
+        """
+        source = inputs[0] if inputs else CONST
+        if op.type in ("Shape", "ShapeN"):
+            return Form("shape", source.axis) if source.kind in ("batch", "gathered") else CONST
+        if op.type in ("ZerosLike", "OnesLike") and source.kind in ("batch", "gathered"):
+            return source
+        if source.kind == "shape" and source.axis >= 0:
+            return Form("batch", source.axis)
         return CONST
 
     def _size_in(self, op: Any, shape: Form) -> Form:
@@ -184,6 +203,8 @@ class Reader:
             return top
         if bottom.kind == "const":
             value = batch_axis.scalar(op.inputs[1])
+            if value is None:
+                value = _count_of(op.inputs[1])
             if top.kind == "sum":
                 return self.scaled_sum(top, value)
             if top.kind == "mean" and value is not None and value == top.size and value != 1:
@@ -205,11 +226,9 @@ class Reader:
         per_batch = divisor / form.size
         if math.isclose(per_batch, 1.0):
             return MEAN  # ops.sum(x) / ops.shape(x)[0]: the shape is static, a constant
-        if math.isclose(per_batch, float(self.replicas)):
-            return form  # divided by the global batch (TensorFlow's custom-loop recipe)
         if form.per_example and math.isclose(per_batch, float(form.per_example)):
-            return MEAN  # the sum of every value, divided by their count
-        return form
+            return MEAN  # the sum of every value, divided by their count (ops.mean's own)
+        return form  # a weighted sum (1/the global batch: TensorFlow's custom-loop recipe)
 
     def _reduced(self, op: Any, inputs: list[Form]) -> Form:
         source = inputs[0]
@@ -225,6 +244,8 @@ class Reader:
                 return MEAN if op.type in ("Sum", "Mean") else NONLINEAR
             if op.type == "Mean":
                 return MEAN
+            if op.type == "Sum" and _counts(op.inputs[0]):
+                return Form("size")  # ops.sum(ops.ones_like(y)): the number of examples
             if op.type == "Sum":
                 dims = op.inputs[0].shape
                 per_example = 1
@@ -265,6 +286,10 @@ class Reader:
         batch_b = b.kind in ("batch", "gathered")
         if batch_a and a.axis == inner_a and batch_b and b.axis == inner_b:
             return Form("sum", 0, a.size, None)  # x^T y: a sum over the examples
+        if a.kind == "batch" and a.axis == rows_a and b.kind == "batch" and b.axis == columns_b:
+            # this replica's examples against its own (in-batch negatives without
+            # mk.all_gather): one device pairs each example with the whole global batch
+            return UNKNOWN
         if (
             batch_a
             and a.axis == rows_a
@@ -344,9 +369,34 @@ class Reader:
         return UNKNOWN
 
 
+def _counts(tensor: Any) -> bool:
+    """Whether `tensor` is ones (``ops.ones_like``, or filled with 1): its sum is a count."""
+    op = tensor.op
+    while op.type in _LINEAR_UNARY and op.type != "Neg" and op.inputs:
+        op = op.inputs[0].op
+    if op.type == "OnesLike":
+        return True
+    if op.type == "Const":  # ones_like of a static shape is folded into a constant
+        return batch_axis.scalar(op.outputs[0]) == 1.0
+    return op.type == "Fill" and batch_axis.scalar(op.inputs[1]) == 1.0
+
+
+def _count_of(tensor: Any) -> float | None:
+    """The static count ``ops.sum(ops.ones_like(y))`` gives where ``y``'s shape is static."""
+    op = tensor.op
+    while op.type in _LINEAR_UNARY and op.type != "Neg" and op.inputs:
+        op = op.inputs[0].op
+    if op.type != "Sum" or not _counts(op.inputs[0]):
+        return None
+    shape, axes = op.inputs[0].shape, batch_axis.axes(op.inputs[1], op.inputs[0])
+    if axes is None or not shape.is_fully_defined():
+        return None
+    return float(math.prod(int(shape[a]) for a in axes))
+
+
 def reader() -> Reader | None:
     """A reader for the step being traced now, or None outside a traced ``fit`` step."""
     if tf.executing_eagerly():
         return None
     graph = tf.compat.v1.get_default_graph()
-    return Reader(graph, fit_step.batch_tensors(graph), fit_step.replicas())
+    return Reader(graph, fit_step.batch_tensors(graph))

@@ -31,7 +31,7 @@ from __future__ import annotations
 import tensorflow as tf
 
 from mirrorkit.cluster.workers import spans_replicas
-from mirrorkit.compat import loss_forms
+from mirrorkit.compat import loss_forms, loss_reader
 from mirrorkit.patching import fit_step
 from mirrorkit.patching.repair import Repair
 
@@ -76,12 +76,45 @@ def _reduced_as_one_device(original):
             # device's loss of no examples is 0, as Keras's divide_no_nan gives it otherwise
             # (the sum of the empty values: its gradient is zeros, not missing).
             return tf.reduce_sum(values)
-        if reduction == "sum" and tuple(values.shape) != ():
+        if tuple(values.shape) == ():
+            # A loss function that reduced by itself (``tf.reduce_sum(...)`` in a function
+            # given to compile): Keras hands it back as it is, so read what it is.
+            return _read_scalar(loss)
+        if reduction == "sum":
             return loss_forms.mark(_times_replicas(loss), loss_forms.MEAN)
+        if reduction == "mean_with_sample_weight" and sample_weight is not None:
+            loss = _weighted_mean_of_the_global_batch(values, sample_weight, loss.dtype)
         return loss_forms.mark(loss, loss_forms.MEAN)
 
     reduce_values.__wrapped__ = original
     return reduce_values
+
+
+def _read_scalar(loss):
+    """A scalar loss one device's: a sum over the batch times N, a mean as it is."""
+    reader = loss_reader.reader()
+    form = reader.read(loss) if reader is not None else loss_forms.UNKNOWN
+    if form.kind == "sum":
+        return loss_forms.mark(_times_replicas(loss), loss_forms.MEAN)
+    if form.kind in ("mean", "const", "replicated"):
+        return loss_forms.mark(loss, loss_forms.MEAN)
+    return loss  # left to the tape, which says what it cannot read
+
+
+def _weighted_mean_of_the_global_batch(values, sample_weight, dtype):
+    """``reduction="mean_with_sample_weight"``: the weighted sum over the sum of the weights.
+
+    Each replica's ratio of its own sums is not one device's ratio of the global batch's, and
+    the replicas' mean of their ratios is not either. Divided by the mean over the replicas of
+    their weights' sums (one small all-reduce), each replica's loss is N times its share of
+    one device's, and their mean is one device's loss.
+    """
+    total = tf.reduce_sum(values)
+    weights = tf.cast(tf.reduce_sum(sample_weight), dtype)
+    context = tf.distribute.get_replica_context()
+    if context is not None and context.num_replicas_in_sync > 1:
+        weights = context.all_reduce(tf.distribute.ReduceOp.MEAN, weights)
+    return tf.math.divide_no_nan(total, weights)
 
 
 def _average_loss_as_one_device(original):

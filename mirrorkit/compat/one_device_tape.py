@@ -80,9 +80,14 @@ def _is_variable(source: Any) -> bool:
     return isinstance(source, (tf.Variable, keras.Variable))
 
 
-def _where(tensor: Any) -> str:
-    """The op that made `tensor`, as its name scope names it (``vae/add_loss/Sum``)."""
-    return getattr(getattr(tensor, "op", None), "name", "") or "an eager tensor"
+def _where(tensor: Any, reader: loss_reader.Reader | None = None) -> str:
+    """The op that made `tensor`, as its name scope names it (``vae/add_loss/Sum``), and
+    the op the reader could not read past where it is not the same."""
+    where = getattr(getattr(tensor, "op", None), "name", "") or "an eager tensor"
+    origin = reader.origin(tensor) if reader is not None else None
+    if origin is None or origin.startswith(f"{where} ("):
+        return where
+    return f"{where}; unreadable from {origin}"
 
 
 def _said(form: loss_forms.Form, where: str, what: str, replicas: int) -> None:
@@ -127,7 +132,7 @@ def _weighed(target: Any, output_gradients: Any) -> tuple[list, list] | None:
             new_gradients.append(gradient)
             continue
         for term, coefficient, form in terms:
-            _said(form, _where(term), "a loss given to tape.gradient", replicas)
+            _said(form, _where(term, reader), "a loss given to tape.gradient", replicas)
             weight = form.weight(replicas)
             if weight == 1 and coefficient is None:
                 new_targets.append(term)
@@ -189,7 +194,7 @@ def _additional_as_one_device(original):
         reader = loss_reader.reader()
         replicas = fit_step.replicas()
         form = reader.read(term) if reader is not None else _eager_form(term)
-        _said(form, _where(loss), "an add_loss term", replicas)
+        _said(form, _where(loss, reader), "an add_loss term", replicas)
         if form.kind in ("sum", "batch"):
             term = term * tf.cast(replicas, term.dtype)
         return loss_forms.mark(term, loss_forms.MEAN)
@@ -204,11 +209,24 @@ def _compute_loss_as_one_device(original):
         if not fit_step.active() or fit_step.replicas() == 1 or not tf.is_tensor(loss):
             return loss
         reader = loss_reader.reader()
-        if reader is None or reader.read(loss).kind != "sum":
+        form = reader.read(loss) if reader is not None else None
+        if form is None or form.kind not in ("sum", "mixed"):
             return loss
         replicas = fit_step.replicas()
-        _said(reader.read(loss), _where(loss), "the loss compute_loss returns", replicas)
-        return loss_forms.mark(loss * tf.cast(replicas, loss.dtype), loss_forms.MEAN)
+        terms = [(loss, None, form)]
+        if form.kind == "mixed":
+            terms, _ = loss_terms.weighted_terms(reader, loss)
+            if any(not f.weight_known or t.shape != loss.shape for t, _, f in terms):
+                return loss  # the tape splits the gradient; it says what it cannot read
+        one_device = []
+        for term, coefficient, term_form in terms:
+            _said(term_form, _where(term, reader), "the loss compute_loss returns", replicas)
+            value = term * tf.cast(term_form.weight(replicas), term.dtype)
+            if coefficient is not None:
+                value = value * tf.cast(coefficient, term.dtype)
+            one_device.append(value)
+        # The logged loss and its gradient one device's: each sum over the batch N times.
+        return loss_forms.mark(tf.add_n(one_device), loss_forms.MEAN)
 
     _compute_loss.__wrapped__ = original
     return _compute_loss

@@ -81,8 +81,11 @@ def _is_variable(source: Any) -> bool:
 
 
 def _where(tensor: Any, reader: loss_reader.Reader | None = None) -> str:
-    """The op that made `tensor`, as its name scope names it (``vae/add_loss/Sum``), and
-    the op the reader could not read past where it is not the same."""
+    """Where a loss term comes from, for the notices.
+
+    The op that made `tensor`, as its name scope names it (``vae/add_loss/Sum``), and the op
+    the reader could not read past where that is another op.
+    """
     where = getattr(getattr(tensor, "op", None), "name", "") or "an eager tensor"
     origin = reader.origin(tensor) if reader is not None else None
     if origin is None or origin.startswith(f"{where} ("):

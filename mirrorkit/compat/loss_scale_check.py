@@ -9,6 +9,11 @@ all-reduced only every K-th step (``gradient_accumulation_steps``), the loss
 scale still decides on every micro-step, from every replica: `agreed_finite`
 sums each replica's finite flag and the riders in one small collective.
 `skip_or_apply` then runs Keras's own two branches on every replica together.
+
+Inside ``fit`` each replica's loss is scaled by the scale / N (`scaled_loss`, the
+``optimizer_step_scaled_loss`` repair), so that its float16 backward pass is no larger
+than one device's share; `divided_in_the_loss` tells the optimizer step that the
+gradients are averaged already.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ from typing import Any
 import tensorflow as tf
 
 from mirrorkit import internals
+from mirrorkit.patching import fit_step
 
 #: Riders by optimizer: optimizer -> {name: (local_fn, verdict_fn)}.
 _RIDERS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
@@ -139,3 +145,40 @@ def skip_or_apply(
 
 def _no_value(_result: Any) -> None:
     return None
+
+
+def scaled_loss(original):
+    """The replacement of ``LossScaleOptimizer.scale_loss`` inside ``fit``: by the scale / N."""
+
+    def scale_loss(self, loss):
+        scaled = original(self, loss)
+        replicas = fit_step.averaging_replicas()
+        if replicas == 1 or not tf.is_tensor(scaled):
+            return scaled
+        # Each replica's loss is one device's loss on its part of the batch: scaled by the
+        # scale / N its float16 backward pass is no larger than one device's share of it, and
+        # overflows where one device's does (scaled by the whole scale it would overflow N
+        # times sooner, and skip steps one device does not skip).
+        _DIVIDED_LOSSES.setdefault(_graph_key(), set()).add(id(self))
+        return scaled / tf.cast(replicas, scaled.dtype)
+
+    scale_loss.__wrapped__ = original
+    return scale_loss
+
+
+#: The step graph -> the loss scale optimizers whose scale_loss divided a loss by N in it.
+_DIVIDED_LOSSES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_EAGER = tf.Graph()  # the key of eager steps (run_eagerly=True), consumed by each apply
+
+
+def _graph_key() -> Any:
+    return _EAGER if tf.executing_eagerly() else tf.compat.v1.get_default_graph()
+
+
+def divided_in_the_loss(loss_scale: Any) -> bool:
+    """Whether `loss_scale.scale_loss` divided this step's loss by N (Keras's fit does)."""
+    divided = _DIVIDED_LOSSES.get(_graph_key(), set())
+    found = id(loss_scale) in divided
+    if tf.executing_eagerly():
+        divided.discard(id(loss_scale))
+    return found

@@ -52,7 +52,6 @@ from __future__ import annotations
 
 import contextlib
 import threading
-import weakref
 from collections.abc import Iterator
 from typing import Any
 
@@ -309,7 +308,7 @@ def _loss_scaled_apply(original):
         # are averaged already, and no larger in float16 than one device's share of them; a
         # custom train_step that never called scale_loss has them averaged here.
         replicas = fit_step.averaging_replicas()
-        in_the_loss = _divided_in_the_loss(self)
+        in_the_loss = loss_scale_check.divided_in_the_loss(self)
         if inner.gradient_accumulation_steps:  # the check every micro-step, the sum every K-th
             step.did("loss scale", "agreed on every micro-step")
             finite = loss_scale_check.agreed_finite(self, grads)
@@ -340,41 +339,6 @@ def _loss_scaled_apply(original):
 
     _tf_apply.__wrapped__ = original
     return _tf_apply
-
-
-def _scale_loss(original):
-    def scale_loss(self, loss):
-        scaled = original(self, loss)
-        replicas = fit_step.averaging_replicas()
-        if replicas == 1 or not tf.is_tensor(scaled):
-            return scaled
-        # Each replica's loss is one device's loss on its part of the batch: scaled by the
-        # scale / N its float16 backward pass is no larger than one device's share of it, and
-        # overflows where one device's does (scaled by the whole scale it would overflow N
-        # times sooner, and skip steps one device does not skip).
-        _DIVIDED_LOSSES.setdefault(_graph_key(), set()).add(id(self))
-        return scaled / tf.cast(replicas, scaled.dtype)
-
-    scale_loss.__wrapped__ = original
-    return scale_loss
-
-
-#: The step graph -> the loss scale optimizers whose scale_loss divided a loss by N in it.
-_DIVIDED_LOSSES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-_EAGER = tf.Graph()  # the key of eager steps (run_eagerly=True), consumed by each apply
-
-
-def _graph_key() -> Any:
-    return _EAGER if tf.executing_eagerly() else tf.compat.v1.get_default_graph()
-
-
-def _divided_in_the_loss(loss_scale: Any) -> bool:
-    """Whether `loss_scale.scale_loss` divided this step's loss by N (Keras's fit does)."""
-    divided = _DIVIDED_LOSSES.get(_graph_key(), set())
-    found = id(loss_scale) in divided
-    if tf.executing_eagerly():
-        divided.discard(id(loss_scale))
-    return found
 
 
 def _apply(loss_scale: Any, grads: list, trainable_variables: Any) -> None:
@@ -433,7 +397,7 @@ SCALED_LOSS = Repair(
     "scale (docs: compat/#mixed-precision-across-replicas)",
     module="keras.src.optimizers.loss_scale_optimizer",
     target="LossScaleOptimizer.scale_loss",
-    replacement=_scale_loss,
+    replacement=loss_scale_check.scaled_loss,
     applies_to=spans_replicas,
     account="mixed-precision-across-replicas",
     tests=(

@@ -17,7 +17,7 @@ from typing import Any
 
 import tensorflow as tf
 
-from mirrorkit.compat import batch_axis
+from mirrorkit.compat import batch_axis, loss_products
 from mirrorkit.compat.loss_forms import (
     CONST,
     MEAN,
@@ -146,7 +146,7 @@ class Reader:
         if kind in _SOFTMAX:
             return self._softmax(op, inputs)
         if kind in _MATMUL:
-            return self._matmul(op, inputs, tensor)
+            return loss_products.matmul(op, inputs)
         return self._structural(op, tensor, inputs)
 
     def _independent(self, op: Any, inputs: list[Form]) -> Form:
@@ -270,36 +270,6 @@ class Reader:
         if source.kind in ("batch", "gathered") and rank is not None and source.axis == rank - 1:
             return UNKNOWN  # a softmax across the examples of this replica only
         return nonlinear(source) if source.kind not in ("batch", "gathered") else source
-
-    def _matmul(self, op: Any, inputs: list[Form], tensor: Any) -> Form:
-        a, b = inputs
-        if {a.kind, b.kind} <= {"const", "mean"}:
-            return elementwise(inputs)
-        rank = op.inputs[0].shape.rank
-        if rank != 2 or op.inputs[1].shape.rank != 2:  # batched matmul: rows of each example
-            return a if a.kind == "batch" and a.axis == 0 else UNKNOWN
-        transpose_a = bool(batch_axis.attr(op, "transpose_a") or batch_axis.attr(op, "adj_x"))
-        transpose_b = bool(batch_axis.attr(op, "transpose_b") or batch_axis.attr(op, "adj_y"))
-        rows_a, inner_a = (1, 0) if transpose_a else (0, 1)
-        inner_b, columns_b = (1, 0) if transpose_b else (0, 1)
-        batch_a = a.kind in ("batch", "gathered")
-        batch_b = b.kind in ("batch", "gathered")
-        if batch_a and a.axis == inner_a and batch_b and b.axis == inner_b:
-            return Form("sum", 0, a.size, None)  # x^T y: a sum over the examples
-        if a.kind == "batch" and a.axis == rows_a and b.kind == "batch" and b.axis == columns_b:
-            # this replica's examples against its own (in-batch negatives without
-            # mk.all_gather): one device pairs each example with the whole global batch
-            return UNKNOWN
-        if (
-            batch_a
-            and a.axis == rows_a
-            and b.kind != "unknown"
-            and not (batch_b and b.axis == inner_b)
-        ):
-            return dataclasses.replace(a, axis=0)  # one row per example (of this replica)
-        if not batch_a and a.kind == "const" and batch_b and b.axis == columns_b:
-            return dataclasses.replace(b, axis=1)  # one column per example
-        return UNKNOWN
 
     def _gather(self, op: Any, params: Form, inputs: list[Form]) -> Form:
         indices = inputs[1] if len(inputs) > 1 else CONST

@@ -93,6 +93,22 @@ EXPRESSIONS = {
         lambda x: ops.mean(ops.top_k(ops.transpose(x), 2)[0]),
         "unknown",
     ),
+    "einsum: each example against this replica's": (
+        lambda x: ops.mean(ops.log_softmax(ops.einsum("bd,cd->cb", x, x), axis=0)),
+        "unknown",
+    ),
+    "einsum: each example times this replica's, elementwise": (
+        lambda x: ops.mean(ops.einsum("bd,cd->bcd", x, x)),
+        "unknown",
+    ),
+    "einsum: a per-example dot product, averaged": (
+        lambda x: ops.mean(ops.einsum("bd,bd->b", x, x)),
+        "mean",
+    ),
+    "einsum: a sum over the examples of outer products": (
+        lambda x: ops.sum(ops.einsum("bd,be->de", x, x)),
+        "sum",
+    ),
     "sum / the count of ones like the examples": (
         lambda x: ops.sum(_per_example(x)) / ops.sum(ops.ones_like(_per_example(x))),
         "mean",

@@ -147,6 +147,8 @@ class Reader:
             return self._softmax(op, inputs)
         if kind in _MATMUL:
             return loss_products.matmul(op, inputs)
+        if kind == "Einsum":
+            return loss_products.einsum(op, inputs)
         return self._structural(op, tensor, inputs)
 
     def _independent(self, op: Any, inputs: list[Form]) -> Form:

@@ -146,30 +146,45 @@ def _fitted_targets():
     return x, y
 
 
+def _train_fitted_targets(strategy, kind):
+    keras.mixed_precision.set_global_policy("mixed_float16")
+    try:
+        with strategy.scope():
+            model = ScaledStep() if kind == "scale_loss" else _dense_model()
+            model.compile(optimizer=keras.optimizers.SGD(0.01), loss="mse")
+        steps = _Steps()
+        inputs = mk.distribute(_fitted_targets(), strategy, global_batch_size=BATCH, shuffle=False)
+        model.fit(inputs, epochs=1, verbose=0, callbacks=[steps])
+    finally:
+        keras.mixed_precision.set_global_policy("float32")
+    return {"scales": steps.scales, "iterations": steps.iterations,
+            "weights": [w.copy() for w in model.get_weights()]}  # fmt: skip
+
+
 @pytest.mark.parametrize("kind", ["fit", "scale_loss"])
 def test_without_an_overflow_the_scale_skips_what_one_device_skips(kind):
     """Each replica's loss is one device's loss on its part of the batch; scaled by the whole
     scale, its float16 backward pass overflowed twice as soon as one device's: 2 replicas
     skipped a step one device did not (scale 16384 from step 1, iterations one short)."""
-    runs = []
-    for strategy in (mk.strategy("one_device"), mk.strategy(cpu_replicas=2)):
-        keras.mixed_precision.set_global_policy("mixed_float16")
-        try:
-            with strategy.scope():
-                model = ScaledStep() if kind == "scale_loss" else _dense_model()
-                model.compile(optimizer=keras.optimizers.SGD(0.01), loss="mse")
-            steps = _Steps()
-            inputs = mk.distribute(
-                _fitted_targets(), strategy, global_batch_size=BATCH, shuffle=False
-            )
-            model.fit(inputs, epochs=1, verbose=0, callbacks=[steps])
-        finally:
-            keras.mixed_precision.set_global_policy("float32")
-        runs.append({"scales": steps.scales, "iterations": steps.iterations,
-                     "weights": [w.copy() for w in model.get_weights()]})  # fmt: skip
-    one, two = runs
+    one = _train_fitted_targets(mk.strategy("one_device"), kind)
+    two = _train_fitted_targets(mk.strategy(cpu_replicas=2), kind)
     assert one["scales"] == [32768.0] * 6 and one["iterations"] == list(range(1, 7))
     assert_as_one_device(one, two)
+
+
+@pytest.mark.upstream
+def test_the_whole_scale_skips_a_step_one_device_does_not_upstream():
+    """The canary of optimizer_step_scaled_loss: without it, Keras scales each replica's loss
+    by the whole scale, and 2 replicas skip the first step, which one device applies."""
+    from mirrorkit.compat import optimizer_step
+
+    strategy = mk.strategy(cpu_replicas=2)
+    optimizer_step.SCALED_LOSS.remove()
+    try:
+        two = _train_fitted_targets(strategy, "fit")
+    finally:
+        optimizer_step.SCALED_LOSS.apply()
+    assert two["scales"][0] == 16384.0 and two["iterations"][0] == 0, two
 
 
 @pytest.mark.slow

@@ -145,9 +145,11 @@ INTERNALS = PACKAGE / "internals.py"
 #: Imports by a computed name: the public names (lazily), and a user's own module for
 #: `mirrorkit bench --model module:function`.
 #: Where a computed import name is allowed: the lazy top-level names, the user's model module,
-#: and compat's own submodules, which declare the repairs `compat.REPAIRS` collects.
+#: compat's own submodules, which declare the repairs `compat.REPAIRS` collects, and the
+#: post-import hook (the module it waits for, and the part of mirrorkit it runs then).
 COMPUTED_IMPORTS = (
     PACKAGE / "__init__.py",
+    PACKAGE / "patching" / "post_import.py",
     PACKAGE / "bench" / "user_model.py",
     PACKAGE / "compat" / "__init__.py",
 )

@@ -71,9 +71,15 @@ def _run(function: str) -> None:
     name, _, attribute = function.partition(":")
     try:
         getattr(importlib.import_module(name), attribute)()
-    except Exception:  # an import of Keras must not fail because of mirrorkit
-        _LOG.warning("mirrorkit: %s failed after an import; it is not in place", function,
-                     exc_info=True)  # fmt: skip
+    except Exception as error:  # an import of Keras must not fail because of mirrorkit
+        _LOG.warning(
+            "%s failed after an import (%s: %s); it is not in place. Report this with "
+            "`mirrorkit info`'s output.",
+            function,
+            type(error).__name__,
+            error,
+            exc_info=True,  # the traceback for a handler of the user's
+        )
 
 
 class _Finder(importlib.abc.MetaPathFinder):

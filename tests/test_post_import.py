@@ -1,0 +1,92 @@
+"""mirrorkit.patching.post_import: a function runs once its modules are imported, in any order.
+
+Each test imports small modules the test writes (no TensorFlow), in a fresh interpreter so
+that ``sys.meta_path`` and ``sys.modules`` start clean.
+"""
+
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+MODULES = {
+    # "inner" is imported inside "outer"'s import, as Keras is inside TensorFlow's.
+    "outer.py": "import inner\nLOADED = True\n",
+    "inner.py": "LOADED = True\n",
+    "recorder.py": textwrap.dedent(
+        """
+        import sys
+        CALLS = []
+
+        def record():
+            CALLS.append(
+                sorted(m for m in ("outer", "inner") if getattr(sys.modules.get(m), "LOADED", 0))
+            )
+
+        def fail():
+            raise RuntimeError("the waiting function broke")
+        """
+    ),
+}
+
+
+def _run(tmp_path, program: str) -> subprocess.CompletedProcess:
+    for name, text in MODULES.items():
+        (tmp_path / name).write_text(text)
+    return subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(program)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=tmp_path,
+        env={"PYTHONPATH": f"{tmp_path}:{sys.path[0] or '.'}", "PATH": ""},
+    )
+
+
+@pytest.mark.parametrize(
+    "before, after",
+    [
+        ("", "import outer"),  # the hook first, then the imports
+        ("import outer", ""),  # the modules first: the function runs at once
+        ("import inner", "import outer"),  # one of the two first
+    ],
+)
+def test_the_function_runs_once_after_both_modules_complete(tmp_path, before, after):
+    done = _run(
+        tmp_path,
+        f"""
+        import sys
+        sys.path.insert(0, {str(tmp_path)!r})
+        {before}
+        from mirrorkit.patching import post_import
+        post_import.when_imported(("inner", "outer"), "recorder:record")
+        {after}
+        import recorder
+        import outer, inner
+        print(recorder.CALLS)
+        """,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[['inner', 'outer']]"
+
+
+def test_a_failing_function_is_logged_and_the_import_still_succeeds(tmp_path):
+    done = _run(
+        tmp_path,
+        f"""
+        import logging, sys
+        sys.path.insert(0, {str(tmp_path)!r})
+        logging.basicConfig()
+        from mirrorkit.patching import post_import
+        post_import.when_imported(("outer",), "recorder:fail")
+        import outer
+        print("imported", outer.LOADED, outer.__spec__.loader.__class__.__name__)
+        """,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "imported True SourceFileLoader"
+    assert done.stderr == (
+        "mirrorkit: recorder:fail failed after an import (RuntimeError: the waiting function "
+        "broke); it is not in place. Report this with `mirrorkit info`'s output.\n"
+    )

@@ -19,6 +19,11 @@ import importlib
 from typing import Any
 
 from mirrorkit import notices  # noqa: F401 - the "mirrorkit" logger, set up before any notice
+from mirrorkit.patching import post_import
+
+# Keras's own keras.distribution.DataParallel trains through mirrorkit once Keras is imported,
+# before or after mirrorkit (docs: keras-distribution/).
+post_import.when_imported(("keras", "tensorflow"), "mirrorkit.strategies.keras_distribution:apply")
 
 __version__ = "0.1.0"
 

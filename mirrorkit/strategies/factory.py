@@ -26,6 +26,7 @@ from mirrorkit.strategies import (
     allreduce,
     arguments,
     current,
+    keras_distribution,  # noqa: F401 - declares its repairs
     kinds,
     peer_wait,
     tf_logging,

@@ -5,13 +5,15 @@ keras.io's "Distributed hyperparameter tuning" runs a chief oracle
 oracle is a real process on this machine's 127.0.0.1, and the tuner is one
 `mirrorkit launch -n 2` job whose workers live in the launch's private network
 (they reach the oracle through the launcher's relay) and train each trial
-together under `mk.strategy()`. Every trial's hyperparameters and score equal
+together under `mk.strategy()`, importing ``keras_tuner`` after it, as the guide's
+scripts do. Every trial's hyperparameters and score equal
 those of the same search run on one device in its own process. A second test
-gives the two workers different trials (no oracle, a different seed each) and
-checks that both stop with an error that names each worker's trial, instead of
-training two different models against each other. Two canaries show, in this process, the
-oracle's behaviour behind it: a tuner ID that asks again before its trial is ended is handed
-that trial again, and oracles without a fixed seed draw different trials.
+gives the two workers different trials (no oracle, a different seed each; ``keras_tuner``
+imported before ``mk.strategy()``) and checks that both stop with an error that names each
+worker's trial, instead of training two different models against each other. Two canaries
+show, in this process, the oracle's behaviour behind it: a tuner ID that asks again before
+its trial is ended is handed that trial again, and oracles without a fixed seed draw
+different trials.
 """
 
 from __future__ import annotations
@@ -33,11 +35,12 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPT = r"""
 import json, os, sys
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-import keras_tuner  # before mk.strategy(): its repairs apply once it is imported
 import keras, numpy as np
 import mirrorkit as mk
 
 mode, directory, out = sys.argv[1], sys.argv[2], sys.argv[3]
+if mode == "told_apart":
+    import keras_tuner  # before mk.strategy(): the repairs apply with the strategy
 rng = np.random.default_rng(0)
 x = rng.normal(size=(64, 8)).astype("float32")
 y = (x @ rng.normal(size=(8, 1))).astype("float32")
@@ -54,6 +57,7 @@ def build(hp):
     return model
 
 strategy = mk.strategy() if mode in ("worker", "told_apart") else None
+import keras_tuner  # after mk.strategy() (the workers' tuning): the repairs apply at the import
 seed = 7 if mode != "told_apart" else 7 + mk.describe(strategy).worker_index
 tuner = keras_tuner.Hyperband(  # keras.io's distributed tuning guide: Hyperband, EarlyStopping
     build, objective="val_loss", max_epochs=2, factor=2, seed=seed, directory=directory,

@@ -38,7 +38,7 @@ def _run(tmp_path, program: str) -> subprocess.CompletedProcess:
         [sys.executable, "-c", textwrap.dedent(program)],
         capture_output=True,
         text=True,
-        timeout=60,
+        timeout=300,
         cwd=tmp_path,
         env={"PYTHONPATH": f"{tmp_path}:{sys.path[0] or '.'}", "PATH": ""},
     )
@@ -89,4 +89,48 @@ def test_a_failing_function_is_logged_and_the_import_still_succeeds(tmp_path):
     assert done.stderr == (
         "mirrorkit: recorder:fail failed after an import (RuntimeError: the waiting function "
         "broke); it is not in place. Report this with `mirrorkit info`'s output.\n"
+    )
+
+
+def test_a_repair_waits_for_its_package_and_a_disable_cancels_the_wait(tmp_path):
+    """`compat.apply_when_imported`: a repair of a package imported later goes in place then."""
+    for package in ("toypkg", "toypkg2"):
+        (tmp_path / f"{package}.py").write_text(
+            "class Tuner:\n    def search(self):\n        return 'x'\n"
+        )
+    done = _run(
+        tmp_path,
+        f"""
+        import sys
+        sys.path.insert(0, {str(tmp_path)!r})
+        import mirrorkit as mk
+        from mirrorkit.patching.repair import Repair
+
+        def repaired(original):
+            return lambda self: original(self) + " repaired"
+
+        def toy(package):
+            return Repair(name=f"toy_{{package}}", upstream="a toy", module=package,
+                          target="Tuner.search", replacement=repaired,
+                          applies_to=lambda strategy: True,
+                          needed=lambda: package in sys.modules)
+
+        first, second = toy("toypkg"), toy("toypkg2")
+        mk.compat.apply_when_imported(first)
+        mk.compat.apply_when_imported(second)
+        print(first.active, second.active)
+        import toypkg
+        print(first.active, toypkg.Tuner().search(), len(mk.compat.active()))
+        mk.compat.disable()  # the second waits no more
+        import toypkg2
+        print(second.active, toypkg2.Tuner().search(), toypkg.Tuner().search())
+        """,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    lines = done.stdout.splitlines()
+    count = lines[1].split()[-1]
+    assert lines == ["False False", f"True x repaired {count}", "False x x"]
+    assert (
+        f"mirrorkit: toypkg imported: toy_toypkg now in place ({count} Keras repairs active)"
+        in done.stderr
     )

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import importlib
 import pkgutil
+import sys
 
 import keras
 import tensorflow as tf
@@ -24,6 +25,7 @@ from mirrorkit.cluster import chief
 from mirrorkit.cluster.workers import spans_replicas
 from mirrorkit.compat import step_record
 from mirrorkit.patching import instance as _instance
+from mirrorkit.patching import post_import
 from mirrorkit.patching import repair as _repair
 from mirrorkit.patching.repair import SCOPED, Repair
 
@@ -72,7 +74,7 @@ def enable(strategy: tf.distribute.Strategy | None = None) -> list[str]:
     _check_keras_version()
     for repair in REPAIRS:
         if strategy is None or repair.applies_to(strategy):
-            repair.apply()
+            apply_when_imported(repair)
     _repair.enable_declared(strategy)  # what parts of mirrorkit declared for such strategies
     names = active()
     if names:
@@ -85,6 +87,51 @@ def enable(strategy: tf.distribute.Strategy | None = None) -> list[str]:
     return names
 
 
+#: Repairs of another package (keras_tuner, keras_hub) that a strategy or a part of mirrorkit
+#: needs, waiting for that package's import: `apply_when_imported`.
+_WAITING_FOR_IMPORT: list[Repair] = []
+
+
+def apply_when_imported(repair: Repair) -> None:
+    """Applies `repair` now, or once the package it repairs is imported, whenever that is.
+
+    A repair of another package than Keras (KerasTuner's trials, keras-hub's inputs) is
+    needed only once that package is imported; a user may import it before or after
+    ``mk.strategy()``. A post-import hook (`mirrorkit.patching.post_import`) applies it then.
+
+    Args:
+        repair: a declared repair, which the strategy or the part of mirrorkit asking needs.
+
+    Example:
+    ```python
+    import mirrorkit as mk
+    from mirrorkit.compat import keras_tuner_trials
+
+    mk.compat.apply_when_imported(keras_tuner_trials.REPAIRS[0])  # now, or at the import
+    ```
+    """
+    if repair.apply() or repair.active or repair.package in sys.modules:
+        return
+    if repair not in _WAITING_FOR_IMPORT:
+        _WAITING_FOR_IMPORT.append(repair)
+    post_import.when_imported((repair.package,), f"{__name__}:_apply_imported")
+
+
+def _apply_imported() -> None:
+    """A package was imported: applies the repairs that waited for it, and says which."""
+    imported = [repair for repair in _WAITING_FOR_IMPORT if repair.package in sys.modules]
+    applied = [repair.name for repair in imported if repair.apply()]
+    for repair in imported:
+        _WAITING_FOR_IMPORT.remove(repair)
+    if applied:
+        packages = ", ".join(sorted({repair.package for repair in imported}))
+        count = len(active())
+        chief.say(
+            f"{packages} imported: {', '.join(applied)} now in place "
+            f"({count} Keras {'repair' if count == 1 else 'repairs'} active)"
+        )
+
+
 def disable() -> None:
     """Restores every Keras and TensorFlow attribute mirrorkit replaced (all `describe` lists).
 
@@ -95,6 +142,7 @@ def disable() -> None:
     calls, not inside one.
     """
     _instance.remove_all()
+    _WAITING_FOR_IMPORT.clear()  # a later import applies nothing
     for scoped in reversed(list(SCOPED)):
         _repair.remove_scoped(scoped)
     _repair.remove_all()

@@ -16,8 +16,8 @@ task.preprocessor)``) with the task's preprocessor off for that call. Any
 other input reaches keras-hub unchanged.
 
 keras-hub is an optional extra (``pip install "mirrorkit[hub]"``). The repair
-is applied only once keras-hub is imported: by `mirrorkit.compat.enable` (so
-``mk.strategy()``), or by `mk.distribute` when keras-hub was imported later.
+is applied once keras-hub is imported, before or after ``mk.strategy()`` and
+`mk.distribute` (`mirrorkit.compat.apply_when_imported`).
 """
 
 from __future__ import annotations
@@ -84,8 +84,3 @@ REPAIR = Repair(
         "tests/test_keras_hub.py::test_a_task_fails_on_a_distributed_dataset_upstream",
     ),
 )
-
-
-def apply_if_imported() -> None:
-    """Puts the repair in place if keras-hub is imported (for `mk.distribute`)."""
-    REPAIR.apply()

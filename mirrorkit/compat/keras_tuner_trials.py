@@ -22,8 +22,8 @@ The replacements, on a tuner whose ``distribution_strategy`` spans workers:
 
 Both exchange one small all-reduce of the same shape, so a worker asking while
 another begins a trial is told, not left waiting. keras-tuner is not a
-dependency of mirrorkit: the repairs apply once ``keras_tuner`` is imported
-(before ``mk.strategy()``).
+dependency of mirrorkit: the repairs apply once ``keras_tuner`` is imported, before or
+after ``mk.strategy()`` (`mirrorkit.compat.apply_when_imported`).
 """
 
 from __future__ import annotations

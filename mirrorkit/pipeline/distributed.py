@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
-from mirrorkit import distributed_data
+from mirrorkit import compat, distributed_data
 from mirrorkit.cluster import chief
 from mirrorkit.cluster import workers as workers_lib
 from mirrorkit.compat import keras_hub_inputs
@@ -153,7 +153,7 @@ def distribute(
     )
     if strategy is None:  # resolved now, so that with_class_weight rebuilds for this strategy
         strategy = current.current_strategy()
-    keras_hub_inputs.apply_if_imported()  # a keras-hub task takes this dataset
+    compat.apply_when_imported(keras_hub_inputs.REPAIR)  # a keras-hub task may take it
     arguments = dict(locals())
     made, seed = _distribute(**arguments)
 

@@ -97,7 +97,7 @@ def apply_when_imported(repair: Repair) -> None:
 
     A repair of another package than Keras (KerasTuner's trials, keras-hub's inputs) is
     needed only once that package is imported; a user may import it before or after
-    ``mk.strategy()``. A post-import hook (`mirrorkit.patching.post_import`) applies it then.
+    ``mk.strategy()``. A post-import hook applies it then, and the chief says so.
 
     Args:
         repair: a declared repair, which the strategy or the part of mirrorkit asking needs.

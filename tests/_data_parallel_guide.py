@@ -5,11 +5,11 @@ Run as a script: ``python _data_parallel_guide.py OUT [--devices N] [--keras-fir
 [--without-mirrorkit] [--scope]``. The guide's lines are unchanged but for its sizes (a
 128-example dataset of global batches of 16, SGD, 3 epochs, a fixed seed), the model's lines
 in a function (``--scope`` builds it inside ``data_parallel.scope()`` instead of after
-``set_distribution``) and ``import mirrorkit``;
-``--devices N`` splits this machine's CPU into N logical devices first (a machine with N
-devices; under ``mirrorkit launch`` each worker keeps its one CPU), ``--keras-first``
-imports Keras before mirrorkit. Writes what one device's run must equal to OUT (JSON; a
-worker writes OUT-rank.json), and what mirrorkit said on stderr.
+``set_distribution``, ``--built-before`` before it, against the guide) and
+``import mirrorkit``; ``--devices N`` splits this machine's CPU into N logical devices first
+(a machine with N devices; under ``mirrorkit launch`` each worker keeps its one CPU),
+``--keras-first`` imports Keras before mirrorkit. Writes what one device's run must equal
+to OUT (JSON; a worker writes OUT-rank.json), and what mirrorkit said on stderr.
 """
 
 import argparse
@@ -22,6 +22,7 @@ parser.add_argument("--devices", type=int, default=1)
 parser.add_argument("--keras-first", action="store_true")
 parser.add_argument("--without-mirrorkit", action="store_true")
 parser.add_argument("--scope", action="store_true")  # build inside data_parallel.scope()
+parser.add_argument("--built-before", action="store_true")  # build before set_distribution
 args = parser.parse_args()
 
 if args.keras_first:
@@ -70,6 +71,9 @@ def build_and_compile():
 if args.scope:  # the distribution's own scope, around the model only
     with data_parallel.scope():
         model = build_and_compile()
+elif args.built_before:  # not the guide's order: the model first
+    model = build_and_compile()
+    keras.distribution.set_distribution(data_parallel)
 else:
     # Set the global distribution.
     keras.distribution.set_distribution(data_parallel)

@@ -110,6 +110,30 @@ def test_data_parallel_trains_on_one_replica_upstream(tmp_path, one_device):
     assert "DataParallel" not in output
 
 
+@needs_a_data_parallel
+@pytest.mark.multiprocess
+def test_a_model_built_before_the_distribution_is_told_what_to_do(tmp_path):
+    """Built before set_distribution: the model's variables are on one device, and fit says so."""
+    done = subprocess.run(
+        [sys.executable, str(GUIDE), str(tmp_path / "before.json"), "--devices", "2"]
+        + ["--built-before"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"},
+    )
+    assert done.returncode == 1 and not (tmp_path / "before.json").exists()
+    said = done.stderr.strip().splitlines()[-1]
+    assert said == (
+        "ValueError: Functional was built before keras.distribution.set_distribution("
+        "DataParallel(...)), so its variables live on one device, but the DataParallel hands "
+        "it batches split between replicas. Build (or load) the model after set_distribution, "
+        "or inside distribution.scope() (docs: keras-distribution/)."
+    )
+    page = (Path(__file__).parents[1] / "docs" / "keras-distribution.md").read_text()
+    assert f"`{said.split(', so')[0]} ...`" in page  # the page's row quotes it
+
+
 @pytest.mark.skipif(not CANNOT, reason="this Keras makes a DataParallel on TensorFlow")
 def test_keras_3_10_cannot_make_a_data_parallel_on_tensorflow():
     """What Keras 3.10 offers on TensorFlow: no DataParallel at all (docs: compat/)."""

@@ -97,6 +97,15 @@ def defines_call(model: keras.Model) -> bool:
     return owner not in (None, keras.Model, keras.layers.Layer)
 
 
+def _keras_data_parallel_set() -> bool:
+    """Whether Keras's global distribution is a ``keras.distribution.DataParallel``."""
+    current = getattr(getattr(keras, "distribution", None), "distribution", None)
+    try:
+        return type(current()).__name__ == "DataParallel" if current else False
+    except Exception:  # noqa: BLE001 - a Keras without it: the general message
+        return False
+
+
 def _check_built_under_a_strategy(model, iterator) -> None:
     """Raises if a model made outside every strategy's scope is handed per-replica input."""
     if iterator is None:
@@ -105,6 +114,13 @@ def _check_built_under_a_strategy(model, iterator) -> None:
     per_replica = [s for s in tf.nest.flatten(spec) if type(s).__name__ == "PerReplicaSpec"]
     if not per_replica:
         return
+    if _keras_data_parallel_set():  # keras.distribution.set_distribution after the model
+        raise ValueError(
+            f"{type(model).__name__} was built before keras.distribution.set_distribution("
+            "DataParallel(...)), so its variables live on one device, but the DataParallel "
+            "hands it batches split between replicas. Build (or load) the model after "
+            "set_distribution, or inside distribution.scope() (docs: keras-distribution/)."
+        )
     raise ValueError(
         f"{type(model).__name__} was built outside any strategy's scope, so its variables live "
         "on one device, but it was handed a distributed dataset (per-replica batches, e.g. "

@@ -188,6 +188,9 @@ QUESTIONS = {
     "KerasTuner's Hyperband": ("Hyperband", "tuning/"),
     "a GradientTape loop": ("GradientTape", "own-train-step/"),
     "a job that prints nothing": ("prints nothing", "failures/"),
+    "an Embedding whose ids repeat, with Adam": ("ids repeat", "scale/"),
+    "Keras 3's DataParallel on TensorFlow": ("DataParallel", "keras-distribution/"),
+    "a GPU slowed by thermal throttling": ("throttling", "throughput/"),
 }
 
 

@@ -2,19 +2,20 @@
 
 The figures under "The optimizer step" on the Benchmarks page (docs: benchmarks/) come from
 this script: ``python benchmarks/optimizer_step_cost.py``. One process, 2 logical CPUs, the
-same ``tf.data`` input for every configuration: a 4-layer MLP of about 660k parameters
-(width 512, global batch 256) in float32; under ``mixed_float16``, which these CPUs compute
-in software (a step of that model takes over a second), the same MLP at width 128 (about 66k
+same ``tf.data`` input for every configuration: a 4-layer MLP of about 660k parameters (width
+512, global batch 256) in float32; under ``mixed_float16``, which some CPUs compute in software
+(a step of that model took over a second on 2026-12-03), the same MLP at width 128 (about 66k
 parameters, global batch 128). Each configuration trains steps 11-60 of a fit (the first 10
-leave out the trace), in 5 rounds that alternate between the configurations, and the median
-step time is kept. Plain Keras runs with mirrorkit's repairs off (``mk.compat.disable()``)
-on ``tf.distribute.MirroredStrategy``, where it trains as one device: float32, and
-``mixed_float16`` without an overflow. Everything on (mixed_float16, global_clipnorm,
-gradient_accumulation_steps=2, fp16 compression, NaNGuard, an EMA that overwrites the
-weights every 4 steps) has no plain counterpart: plain Keras fails with accumulation and the
-EMA overwrite and clips each replica's own gradient, so it is given against plain
-``mixed_float16``. The collectives each step runs are counted inside the compiled step (the
-strategy's cross-device reduce and batch_reduce, each time the traced step reaches one).
+leave out the trace), in 5 rounds that alternate between the configurations (every other round
+in the reverse order), and the median step time is kept. Plain Keras runs with mirrorkit's
+repairs off (``mk.compat.disable()``) on ``tf.distribute.MirroredStrategy``, where it trains as
+one device: float32, and ``mixed_float16`` without an overflow. Everything on (mixed_float16,
+global_clipnorm, gradient_accumulation_steps=2, fp16 compression, NaNGuard, an EMA that
+overwrites the weights every 4 steps) has no plain counterpart: plain Keras fails with
+accumulation and the EMA overwrite and clips each replica's own gradient, so it is given
+against plain ``mixed_float16``. The collectives each step runs are counted inside the compiled
+step (the strategy's cross-device reduce and batch_reduce, each time the traced step reaches
+one).
 
 Example:
 ```python
@@ -142,8 +143,13 @@ def main() -> None:
 
     times = {name: [] for name in configs}
     collectives = {}
-    for _ in range(ROUNDS):
-        for name, (model, repaired, callbacks, counter, policy) in configs.items():
+    for round_index in range(ROUNDS):
+        # every other round in the reverse order: a machine that slows down or speeds up
+        # during a round favours neither side
+        order = list(configs.items())
+        for name, (model, repaired, callbacks, counter, policy) in (
+            order if round_index % 2 == 0 else order[::-1]
+        ):
             if repaired:
                 mk.compat.enable(mk_strategy)
             else:

@@ -75,7 +75,7 @@ _SCRIPT = """
         # the chief dies at its 2nd backup of each of the first three attempts, each time at
         # another point of the write: between the weights and the epoch; while keeping the
         # previous pair (its weights copied, not its epoch); the epoch written, not renamed
-        from mirrorkit.faults import backup_pair
+        from mirrorkit.faults import backup_files
 
         point, saves = ("between", "previous", "metadata")[attempt], []
 
@@ -83,8 +83,8 @@ _SCRIPT = """
             print(f"KILLING the chief {{where}} (attempt {{attempt}})", flush=True)
             os.kill(os.getpid(), signal.SIGKILL)
 
-        save, keep = model.save_weights, backup_pair.keep_previous
-        write = backup_pair.write_metadata
+        save, keep = model.save_weights, backup_files.keep_previous
+        write = backup_files.write_metadata
 
         def save_weights(filepath, *args, **kwargs):
             saves.append(filepath)
@@ -106,7 +106,7 @@ _SCRIPT = """
             write(metadata, record)
 
         model.save_weights = save_weights
-        backup_pair.keep_previous, backup_pair.write_metadata = keep_previous, write_metadata
+        backup_files.keep_previous, backup_files.write_metadata = keep_previous, write_metadata
 
     class Events(keras.callbacks.Callback):
         def on_epoch_begin(self, epoch, logs=None):
@@ -369,25 +369,25 @@ def test_backup_pair_without_a_keras_backup_internal_is_named(tmp_path):
         backup_pair.make_atomic(callback)
 
 
-def test_backup_pair_chooses_the_latest_whole_pair(tmp_path, monkeypatch, capfd):
+def test_backup_files_chooses_the_latest_whole_pair(tmp_path, monkeypatch, capfd):
     from mirrorkit import notices
-    from mirrorkit.faults import backup_pair
+    from mirrorkit.faults import backup_files
 
     weights, metadata = str(tmp_path / "latest.weights.h5"), str(tmp_path / "m.json")
-    assert backup_pair.choose(weights, metadata) == (weights, metadata)  # nothing: fresh
+    assert backup_files.choose(weights, metadata) == (weights, metadata)  # nothing: fresh
     (tmp_path / "latest.weights.h5").write_bytes(b"epoch 2")
-    backup_pair.write_metadata(
-        metadata, {"epoch": 2, "weights_sha256": backup_pair.digest(weights)}
+    backup_files.write_metadata(
+        metadata, {"epoch": 2, "weights_sha256": backup_files.digest(weights)}
     )
-    assert backup_pair.check(weights, metadata) == "whole"
-    backup_pair.keep_previous(weights, metadata)
+    assert backup_files.check(weights, metadata) == "whole"
+    backup_files.keep_previous(weights, metadata)
     (tmp_path / "latest.weights.h5").write_bytes(b"epoch 3")  # killed before its epoch
-    assert backup_pair.check(weights, metadata) == "cut short"
-    assert backup_pair.choose(weights, metadata) == (f"{weights}.bkp", f"{metadata}.bkp")
+    assert backup_files.check(weights, metadata) == "cut short"
+    assert backup_files.choose(weights, metadata) == (f"{weights}.bkp", f"{metadata}.bkp")
     (tmp_path / "m.json").write_text('{"epoch": 3')  # a torn file (plain Keras wrote in place)
-    assert backup_pair.check(weights, metadata) == "cut short"
+    assert backup_files.check(weights, metadata) == "cut short"
     (tmp_path / "m.json").write_text('{"epoch": 3}')  # plain Keras's: no digest, trusted
-    assert backup_pair.check(weights, metadata) == "trusted"
+    assert backup_files.check(weights, metadata) == "trusted"
     # the only backup cut short: no previous one to resume from, so training starts over
     os.remove(f"{weights}.bkp")
     os.remove(f"{metadata}.bkp")
@@ -395,6 +395,6 @@ def test_backup_pair_chooses_the_latest_whole_pair(tmp_path, monkeypatch, capfd)
     monkeypatch.setattr(notices, "_said", set())
     capfd.readouterr()
     absent = str(tmp_path / ".mirrorkit-no-backup")
-    assert backup_pair.choose(weights, metadata) == (absent, absent)
+    assert backup_files.choose(weights, metadata) == (absent, absent)
     said = capfd.readouterr().err
     assert_quoted_in(quoted_block("resume.md", "If there is no previous backup"), said)

@@ -370,24 +370,30 @@ def test_backup_pair_without_a_keras_backup_internal_is_named(tmp_path):
 
 
 def test_backup_files_chooses_the_latest_whole_pair(tmp_path, monkeypatch, capfd):
+    import h5py
+
     from mirrorkit import notices
     from mirrorkit.faults import backup_files
 
     weights, metadata = str(tmp_path / "latest.weights.h5"), str(tmp_path / "m.json")
     assert backup_files.choose(weights, metadata) == (weights, metadata)  # nothing: fresh
-    (tmp_path / "latest.weights.h5").write_bytes(b"epoch 2")
+    with h5py.File(weights, "w") as f:  # an HDF5 file, as Keras writes weights
+        f["epoch"] = 2
     backup_files.write_metadata(
         metadata, {"epoch": 2, "weights_sha256": backup_files.digest(weights)}
     )
     assert backup_files.check(weights, metadata) == "whole"
     backup_files.keep_previous(weights, metadata)
-    (tmp_path / "latest.weights.h5").write_bytes(b"epoch 3")  # killed before its epoch
+    with h5py.File(weights, "w") as f:  # killed before its epoch
+        f["epoch"] = 3
     assert backup_files.check(weights, metadata) == "cut short"
     assert backup_files.choose(weights, metadata) == (f"{weights}.bkp", f"{metadata}.bkp")
     (tmp_path / "m.json").write_text('{"epoch": 3')  # a torn file (plain Keras wrote in place)
     assert backup_files.check(weights, metadata) == "cut short"
     (tmp_path / "m.json").write_text('{"epoch": 3}')  # plain Keras's: no digest, trusted
     assert backup_files.check(weights, metadata) == "trusted"
+    (tmp_path / "latest.weights.h5").write_bytes(b"not HDF5")  # ... if h5py can read its weights
+    assert backup_files.check(weights, metadata) == "damaged"
     # the only backup cut short: no previous one to resume from, so training starts over
     os.remove(f"{weights}.bkp")
     os.remove(f"{metadata}.bkp")

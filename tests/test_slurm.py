@@ -213,8 +213,10 @@ args = parser.parse_args()
 strategy = mk.strategy()
 model = mk.build(train.make_model, strategy)
 data = mk.distribute(train.make_data(), strategy, global_batch_size=train.GLOBAL_BATCH, seed=0)
+backup = os.path.join(os.path.dirname(args.checkpoint_dir), "backup")  # the page's step backup
 model.fit(data, epochs={epochs}, verbose=2 if mk.is_chief() else 0,
-          callbacks=[mk.PreemptionCheckpoint(args.checkpoint_dir, data)])
+          callbacks=[mk.resumable(backup, every=5),
+                     mk.PreemptionCheckpoint(args.checkpoint_dir, data)])
 if mk.is_chief():
     np.save(args.out, np.concatenate([w.ravel() for w in model.get_weights()]))
 """
@@ -276,6 +278,8 @@ def test_the_time_limit_recipe_saves_at_the_signal_and_the_next_job_resumes(clus
     assert cluster.wait(second, timeout=JOB_TIMEOUT_S) == (0, "COMPLETED"), cluster.logs()
     resumed = (tmp_path / f"train-{second}.out").read_text()
     assert "resuming from the preemption checkpoint at epoch" in resumed, resumed[-6000:]
+    # the step backup beside it (every 5 steps) is older, or at the same step: not resumed
+    assert "resuming from the backup" not in resumed, resumed[-6000:]
     assert_quoted_in(quoted_block(PAGE, "Job 2 resumes where job 1 saved"), resumed)
     alone, _ = one_device.communicate(timeout=JOB_TIMEOUT_S)
     assert one_device.returncode == 0, alone[-4000:]

@@ -21,7 +21,6 @@ from __future__ import annotations
 import functools
 
 from mirrorkit import internals
-from mirrorkit.cluster.workers import spans_replicas
 from mirrorkit.patching.repair import Repair
 
 
@@ -47,7 +46,7 @@ REPAIR = Repair(
     module="keras.src.callbacks.backup_and_restore",
     target="BackupAndRestore.on_epoch_begin",
     replacement=_on_epoch_begin,
-    applies_to=spans_replicas,
+    applies_to=lambda strategy: True,  # Keras's bug on one device too
     account="the-epoch-a-resumed-fit-is-in",
     tests=(
         "tests/test_restart.py::test_the_tutorials_keras_backup_resumes_a_shuffled_input_in_its_uninterrupted_orders",

@@ -2,10 +2,14 @@
 
 What it sets, so that a user need not know it:
 
-- ``save_freq="epoch"``: Keras 3 restores only the epoch from a backup, so a
-  backup taken mid-epoch (``save_freq=N``) resumes that epoch from its first
-  step with the weights of its middle: steps trained twice, a different
-  result. A backup at each epoch's end resumes exactly.
+- when it backs up: at each epoch's end (``save_freq="epoch"``, the default),
+  every N steps (``every=N``: ``save_freq=N``), or every so many minutes of
+  training (``every=datetime.timedelta(minutes=10)``: the chief's clock is
+  read after each step, and a backup is written after the first step past the
+  interval). A backup in the middle of an epoch resumes at its step
+  (`mirrorkit.compat.backup_restore` and `mirrorkit.faults.input_position`,
+  for Keras's own ``BackupAndRestore(save_freq=N)`` too); the write blocks
+  training for as long as it takes (docs: benchmarks/ gives the cost);
 - ``double_checkpoint=True``, and the weights and epoch written and checked
   as one pair (`mirrorkit.faults.backup_pair`): the previous pair is kept,
   and a backup whose write was cut short (the chief killed at any point of
@@ -33,30 +37,39 @@ new orders on resume: said once; ``shuffle=False`` keeps its order.
 
 from __future__ import annotations
 
+import datetime
 import os
+import time
 
 import keras
 
 from mirrorkit import internals
 from mirrorkit.cluster import chief
+from mirrorkit.compat import backup_epoch, backup_restore
 from mirrorkit.environment_variables import MIRRORKIT_PROGRESS
-from mirrorkit.faults import backup_pair, resume_point
+from mirrorkit.faults import backup_pair, input_position, resume_point
 from mirrorkit.patching import instance
 
 
-def resumable(backup_dir: str) -> keras.callbacks.BackupAndRestore:
+def resumable(
+    backup_dir: str, every: int | datetime.timedelta | str = "epoch"
+) -> keras.callbacks.BackupAndRestore:
     """Keras's `BackupAndRestore` on `backup_dir`, set up to resume exactly after a failure.
 
     Args:
         backup_dir: where the backup lives; every worker must see it (one
             machine, or a shared file system), and nothing else may write there.
+        every: when to back up: ``"epoch"`` (at each epoch's end), a number of
+            steps (``500``), or a `datetime.timedelta` of training time
+            (``timedelta(minutes=10)``). A restarted job resumes at the step of
+            its last backup, with the batch an uninterrupted run would take next.
 
     Returns:
-        A `keras.callbacks.BackupAndRestore` with ``save_freq="epoch"`` and
-        ``double_checkpoint=True`` (see the module docstring).
+        A `keras.callbacks.BackupAndRestore` with ``double_checkpoint=True`` and
+        the ``save_freq`` of `every` (see the module docstring).
 
     Raises:
-        ValueError: `backup_dir` is empty.
+        ValueError: `backup_dir` is empty, or `every` is none of the above.
 
     Example:
     ```python
@@ -75,7 +88,8 @@ def resumable(backup_dir: str) -> keras.callbacks.BackupAndRestore:
     data = mk.distribute((np.ones((64, 4)), np.ones((64, 1))), strategy, global_batch_size=32)
     model.fit(data, epochs=3, callbacks=[mk.resumable("run1/backup")])  # storage all workers see
     # mirrorkit launch --max-restarts 3 train.py: a failed worker costs the steps since
-    # the last epoch's end, not the run
+    # the last backup, not the run; mk.resumable("run1/backup", every=100) backs up
+    # every 100 steps
     ```
     """
     if not isinstance(backup_dir, (str, os.PathLike)) or not str(backup_dir):
@@ -83,14 +97,60 @@ def resumable(backup_dir: str) -> keras.callbacks.BackupAndRestore:
             f"mk.resumable(backup_dir={backup_dir!r}): give the directory that holds the backup, "
             "on storage every worker sees, e.g. mk.resumable('/shared/run1/backup')."
         )
+    interval = _interval(every)
+    save_freq = every if isinstance(every, int) else 1 if interval else "epoch"
     callback = keras.callbacks.BackupAndRestore(
-        str(backup_dir), save_freq="epoch", double_checkpoint=True
+        str(backup_dir), save_freq=save_freq, double_checkpoint=True
     )
     backup_pair.make_atomic(callback)
+    if interval:
+        _every_interval(callback, interval)
+    for repair in (backup_restore.REPAIR, backup_epoch.REPAIR):  # without mk.strategy() too
+        repair.apply()
     path = os.environ.get(MIRRORKIT_PROGRESS)
     if path and chief.is_chief():
         _record_progress(callback, path)
     return callback
+
+
+def _interval(every: object) -> float:
+    """The seconds between backups of `every`, 0 for steps or epochs; raises on anything else."""
+    if isinstance(every, datetime.timedelta) and every.total_seconds() > 0:
+        return every.total_seconds()
+    if every == "epoch" or (isinstance(every, int) and not isinstance(every, bool) and every > 0):
+        return 0.0
+    raise ValueError(
+        f"mk.resumable(every={every!r}): give 'epoch' (a backup at each epoch's end), a number "
+        "of steps (every=500), or a datetime.timedelta of training time "
+        "(every=datetime.timedelta(minutes=10))."
+    )
+
+
+def _every_interval(callback: keras.callbacks.BackupAndRestore, seconds: float) -> None:
+    """Makes `callback` (``save_freq=1``) back up after the first step past each interval."""
+    counts = internals.require(  # Keras's own count of the steps, kept up
+        callback,
+        "_should_save_on_batch",
+        name="keras BackupAndRestore._should_save_on_batch",
+        used_for="mk.resumable(every=timedelta(...)), a backup every so many minutes",
+    )
+    last = [time.monotonic()]
+
+    def should_save_on_batch(batch):
+        counts(batch)
+        if time.monotonic() - last[0] < seconds:
+            return False
+        last[0] = time.monotonic()
+        return True
+
+    instance.set_on(
+        callback,
+        "_should_save_on_batch",
+        should_save_on_batch,
+        name="backup.every_interval",
+        reason="mk.resumable(every=timedelta(...)) backs up after the first step past each "
+        "interval of training time",
+    )
 
 
 def _record_progress(callback: keras.callbacks.BackupAndRestore, path: str) -> None:
@@ -106,6 +166,7 @@ def _record_progress(callback: keras.callbacks.BackupAndRestore, path: str) -> N
         restore(logs)
         steps = (callback.params or {}).get("steps")
         state["recorder"] = resume_point.Recorder(path, callback.backup_dir, steps)
+        input_position.watch(callback.model)
         state["epoch"] = (
             internals.optional(
                 callback.model,
@@ -130,6 +191,9 @@ def _record_progress(callback: keras.callbacks.BackupAndRestore, path: str) -> N
     def on_train_batch_end(batch, logs=None):
         end_batch(batch, logs)
         state["recorder"].at(state["epoch"], batch + 1)
+        verdict = input_position.training_input(callback.model)
+        if verdict is not None:  # whether a restart resumes at the backup's step
+            state["recorder"].positioned(verdict.positionable)
 
     reason = "mk.resumable records the chief's epoch and step for the launcher's restart line"
     for method in (on_train_begin, on_epoch_begin, on_train_batch_end):

@@ -8,10 +8,11 @@ epoch trained twice); one killed in the middle of the metadata left a file
 Keras could not parse. Here the chief writes the weights, then the epoch with
 the SHA-256 of those weights (to a side file, renamed over the old one, so it
 is whole or absent), and keeps the previous pair only when it is itself
-whole. On restore every worker checks the pair before Keras reads it: the
-latest if its weights match its digest, else the previous one, else none (a
-fresh start), said once. A pair written by plain Keras (no digest) is
-trusted as Keras trusts it.
+whole, and writes the steps done in the epoch beside the epoch (``"step"``).
+On restore every worker checks the pair before Keras reads it (the
+``backup_restore`` repair, `mirrorkit.compat.backup_restore`, for this
+callback and Keras's own alike): the latest if its weights match its digest,
+else the previous one, else none (a fresh start), said once.
 
 The backup directory is a file system path (local, or shared by every
 worker); the weights file is read back once per backup to fingerprint it.
@@ -20,8 +21,6 @@ worker); the weights file is read back once per backup to fingerprint it.
 from __future__ import annotations
 
 import os
-import shutil
-import tempfile
 
 import keras
 
@@ -40,11 +39,11 @@ _INTERNALS = (
 
 
 def make_atomic(callback: keras.callbacks.BackupAndRestore) -> None:
-    """Makes `callback` write its pair as one and restore only a whole pair.
+    """Makes `callback` write its pair as one, with the steps done in the epoch.
 
     Args:
         callback: the `keras.callbacks.BackupAndRestore` of `mk.resumable`; its
-            class is unchanged, two hooks are replaced on this instance.
+            class is unchanged, its ``_save_model`` is replaced on this instance.
 
     Example:
     ```python
@@ -65,7 +64,6 @@ def make_atomic(callback: keras.callbacks.BackupAndRestore) -> None:
         for name in _INTERNALS
     }
     weights, metadata = found["_weights_path"], found["_training_metadata_path"]
-    restore = callback.on_train_begin
     wrote = []  # this process wrote the latest pair whole (no need to check it again)
 
     def save_model():
@@ -77,31 +75,14 @@ def make_atomic(callback: keras.callbacks.BackupAndRestore) -> None:
         ):
             backup_files.keep_previous(weights, metadata)
         callback.model.save_weights(filepath=weights, overwrite=True)
-        position = {"epoch": callback._current_epoch, "batch": callback._last_batch_seen}
+        batch = callback._last_batch_seen
+        # an integer save_freq saves after a step (batch + 1 done), "epoch" at an epoch's end
+        step = batch + 1 if isinstance(callback.save_freq, int) else 0
+        position = {"epoch": callback._current_epoch, "batch": batch, "step": step}
         backup_files.write_metadata(
             metadata, {**position, backup_files.DIGEST: backup_files.digest(weights)}
         )
         wrote.append(True)
 
-    def on_train_begin(logs=None):
-        chosen_weights, chosen_metadata = backup_files.choose(weights, metadata)
-        with tempfile.TemporaryDirectory(prefix="mirrorkit-restore-") as local:
-            if chosen_weights != weights and os.path.exists(chosen_weights):
-                # Keras loads only files named *.weights.h5: a private copy, nothing written there
-                loadable = os.path.join(local, "previous.weights.h5")
-                shutil.copyfile(chosen_weights, loadable)
-                chosen_weights = loadable
-            callback._weights_path, callback._training_metadata_path = (
-                chosen_weights,
-                chosen_metadata,
-            )
-            try:
-                restore(logs)
-            finally:
-                callback._weights_path, callback._training_metadata_path = weights, metadata
-
     reason = "mk.resumable's backup: weights and epoch written by the chief and verified as one"
     instance.set_on(callback, "_save_model", save_model, name="backup_pair.save", reason=reason)
-    instance.set_on(
-        callback, "on_train_begin", on_train_begin, name="backup_pair.restore", reason=reason
-    )

@@ -52,10 +52,9 @@ import tensorflow as tf
 from mirrorkit import internals
 from mirrorkit.cluster import chief, workers
 from mirrorkit.exit_statuses import PREEMPTED
+from mirrorkit.faults import input_position
 from mirrorkit.faults.preemption_relay import Preempted, local_workers
-from mirrorkit.patching import instance
 from mirrorkit.pipeline import epoch_order
-from mirrorkit.training import step_hooks
 
 __all__ = ["PreemptionCheckpoint", "Preempted", "local_workers"]
 
@@ -117,8 +116,6 @@ class PreemptionCheckpoint(keras.callbacks.Callback):
         self._data = None if isinstance(global_batch_size, int) else global_batch_size
         self.new_global_batch = bool(new_global_batch)
         self._handler = None
-        self._skip = 0
-        self._resume_epoch = None
 
     def on_train_begin(self, logs=None):
         """Restores the checkpoint, if any; checks the global batch; starts watching for SIGTERM."""
@@ -154,6 +151,8 @@ class PreemptionCheckpoint(keras.callbacks.Callback):
             mirrorkit_global_batch=self._batch,
             **shuffle,
         )
+        held = input_position.pending(model)  # a backup restored earlier in this fit
+        kept = _snapshot(model) if held is not None else None
         config = tf.distribute.experimental.TerminationConfig(exit_fn=self._exit)
         self._handler = tf.distribute.experimental.PreemptionCheckpointHandler(
             getattr(strategy, "cluster_resolver", None),
@@ -197,44 +196,28 @@ class PreemptionCheckpoint(keras.callbacks.Callback):
             self._batch.assign(self.global_batch_size)
         if step >= steps:
             epoch, step = epoch + 1, 0
-        internals.require(
-            model,
-            "_initial_epoch",
-            name="keras Model._initial_epoch",
-            used_for="resuming fit at the checkpoint's epoch",
-        )
-        instance.set_on(
-            model,
-            "_initial_epoch",
-            epoch,
-            name="preemption_checkpoint.initial_epoch",
-            reason="PreemptionCheckpoint resumes fit at the checkpoint's epoch "
-            "(as keras.callbacks.BackupAndRestore does)",
-        )
-        self._resume_epoch, self._skip = epoch, step
+        source = f"the preemption checkpoint in {self.checkpoint_dir}"
+        if not input_position.resume_at(model, epoch, step, source, always=True, say=False):
+            _restore_snapshot(model, kept)  # the backup restored before is later: its weights
+            return
         chief.print(
             f"mirrorkit: resuming from the preemption checkpoint at epoch {epoch + 1} step {step} "
             f"(global batch {self.global_batch_size}, {strategy.num_replicas_in_sync} replicas)"
         )
 
     def on_epoch_begin(self, epoch, logs=None):
-        """Notes the epoch; in the resumed epoch, drops the batches already trained."""
+        """Notes the epoch (the resumed epoch's first steps are skipped by `input_position`)."""
         self._epoch.assign(epoch)
         for order in self._orders:  # the shuffled order of this epoch, on every run
             order.begin(epoch)
-        if epoch == self._resume_epoch and self._skip:
-            self._skip_steps(self._skip)
 
     def on_train_batch_begin(self, batch, logs=None):
         """Between steps: saves and exits here if a worker was preempted (TF's handler)."""
-        if self._skipping:
-            return
         self._step.assign(batch)
         self._handler.save_checkpoint_if_preempted()
 
     def on_train_end(self, logs=None):
         """A completed fit needs no checkpoint: the chief deletes it (and says a late SIGTERM)."""
-        self._restore_train_function()
         self._say_if_completed_after_sigterm()
         self._remove_worker_copy()
         if chief.is_chief() and os.path.isdir(self.checkpoint_dir):
@@ -303,36 +286,6 @@ class PreemptionCheckpoint(keras.callbacks.Callback):
             "resume and no preemption checkpoint is kept; the weights are those of the whole run"
         )
 
-    # -- resuming mid-epoch -------------------------------------------------
-
-    _skipping = 0
-    _skipper: step_hooks.StepHook | None = None
-
-    def _skip_steps(self, count: int) -> None:
-        """The first `count` steps of this epoch draw their batch and drop it.
-
-        The outermost hook of the model's step chain: while it skips, no other
-        hook (the throughput timer, NaNGuard's verdict) sees a step.
-        """
-        self._skipping = count
-        self._skipper = step_hooks.StepHook("preemption.skip", self._skip_one)
-        step_hooks.register(self.model, self._skipper)
-
-    def _skip_one(self, call_next, iterator, *args, **kwargs):
-        if not self._skipping:
-            return call_next(iterator, *args, **kwargs)
-        next(iterator)
-        self._skipping -= 1
-        if not self._skipping:
-            self._restore_train_function()
-        return {}
-
-    def _restore_train_function(self) -> None:
-        if self._skipper is not None:
-            step_hooks.remove(self.model, self._skipper)
-            self._skipper = None
-            self._skipping = 0
-
     def _exit(self) -> None:
         strategy = self.model.distribute_strategy
         if workers.num_workers(strategy) > 1:
@@ -347,3 +300,14 @@ class PreemptionCheckpoint(keras.callbacks.Callback):
         )
         sys.stdout.flush()
         sys.exit(PREEMPTED)
+
+
+def _snapshot(model: Any) -> list[Any]:
+    """The values of `model`'s variables and its optimizer's, to put back (`_restore_snapshot`)."""
+    variables = list(model.variables) + list(getattr(model.optimizer, "variables", []) or [])
+    return [(variable, variable.numpy()) for variable in variables]
+
+
+def _restore_snapshot(model: Any, kept: list[Any] | None) -> None:
+    for variable, value in kept or []:
+        variable.assign(value)

@@ -57,7 +57,9 @@ class Failure:
         record = resume_point.read(progress_file)
         if record is None:
             return cls()
-        resume = resume_point.backup_position(record.backup_dir)
+        resume = resume_point.backup_position(
+            record.backup_dir, record.steps_per_epoch, record.positioned
+        )
         return cls(record.at, resume, record.steps_per_epoch)
 
     def where(self) -> str:

@@ -17,6 +17,8 @@ import mmap
 import os
 import struct
 
+from mirrorkit.faults import backup_files
+
 
 @dataclasses.dataclass(frozen=True)
 class Position:
@@ -48,11 +50,14 @@ class Progress:
         backup_dir: the `mk.resumable` backup directory.
         steps_per_epoch: steps in an epoch, None when Keras did not know it.
         at: the epoch and the step the chief was on (steps completed in it).
+        positioned: whether the input resumes at a backup's step (False: at the epoch's
+            start, `mirrorkit.faults.input_position`); None when not known yet.
     """
 
     backup_dir: str
     steps_per_epoch: int | None
     at: Position
+    positioned: bool | None = None
 
 
 class Recorder:
@@ -75,10 +80,9 @@ class Recorder:
     """
 
     def __init__(self, path: str, backup_dir: str, steps_per_epoch: int | None):
-        tmp = f"{path}.tmp"
-        with open(tmp, "w") as f:
-            json.dump({"backup_dir": backup_dir, "steps_per_epoch": steps_per_epoch}, f)
-        os.replace(tmp, path)
+        self._path = path
+        self._record = {"backup_dir": backup_dir, "steps_per_epoch": steps_per_epoch}
+        self._write()
         with open(f"{path}.at", "w+b") as f:
             f.write(bytes(_AT.size))
             f.flush()
@@ -87,6 +91,18 @@ class Recorder:
     def at(self, epoch: int, step: int) -> None:
         """Stores the 0-based epoch and the steps completed in it."""
         _AT.pack_into(self._map, 0, epoch, step)
+
+    def positioned(self, positioned: bool) -> None:
+        """Records whether the input resumes at a backup's step (or at its epoch's start)."""
+        if self._record.get("positioned") != positioned:
+            self._record["positioned"] = bool(positioned)
+            self._write()
+
+    def _write(self) -> None:
+        tmp = f"{self._path}.tmp"
+        with open(tmp, "w") as f:
+            json.dump(self._record, f)
+        os.replace(tmp, self._path)
 
 
 _AT = struct.Struct("<qq")
@@ -101,23 +117,37 @@ def read(path: str | None) -> Progress | None:
             record = json.load(f)
         with open(f"{path}.at", "rb") as f:
             epoch, step = _AT.unpack(f.read(_AT.size))
-        return Progress(record["backup_dir"], record["steps_per_epoch"], Position(epoch, step))
+        at = Position(epoch, step)
+        return Progress(
+            record["backup_dir"], record["steps_per_epoch"], at, record.get("positioned")
+        )
     except (OSError, ValueError, KeyError, TypeError, struct.error):
         return None
 
 
-def backup_position(backup_dir: str) -> Position | None:
-    """Where Keras's `BackupAndRestore` in `backup_dir` resumes; None without a backup dir.
+def backup_position(
+    backup_dir: str, steps_per_epoch: int | None = None, positioned: bool | None = True
+) -> Position | None:
+    """Where the backup in `backup_dir` resumes; None without a backup directory.
 
-    Keras restores the epoch from ``training_metadata.json`` and starts that
-    epoch from its first step. The metadata is written after the weights, so
-    a write cut short leaves the previous epoch's metadata, which is where
-    ``double_checkpoint``'s previous weights resume.
+    The pair a restore reads (`mirrorkit.faults.backup_files.choose`: the latest
+    whole one, else the previous one, else none), at its epoch and the steps
+    done in it: a step backup resumes at its step where the input is positioned
+    (`mirrorkit.faults.input_position`), else at its epoch's start.
+
+    Args:
+        backup_dir: the `mk.resumable` backup directory.
+        steps_per_epoch: the epoch length (a backup after an epoch's last step
+            resumes at the next epoch's start).
+        positioned: whether the input resumes at a backup's step (None: unknown, as True).
     """
-    for name in ("training_metadata.json", "training_metadata.json.bkp"):
-        try:
-            with open(os.path.join(backup_dir, name)) as f:
-                return Position(int(json.load(f)["epoch"]), 0)
-        except (OSError, ValueError, KeyError, TypeError):
-            continue
-    return Position(0, 0) if os.path.isdir(backup_dir) else None
+    weights = os.path.join(backup_dir, "latest.weights.h5")
+    metadata = os.path.join(backup_dir, "training_metadata.json")
+    chosen = backup_files.choose(weights, metadata, say=False)[1]
+    try:
+        epoch, step = backup_files.position(chosen)
+    except (OSError, ValueError, KeyError, TypeError):
+        return Position(0, 0) if os.path.isdir(backup_dir) else None
+    if steps_per_epoch and step >= steps_per_epoch:
+        epoch, step = epoch + 1, 0
+    return Position(epoch, step if positioned is not False else 0)

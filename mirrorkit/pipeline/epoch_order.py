@@ -34,7 +34,6 @@ import threading
 import weakref
 from typing import Any
 
-import keras
 import tensorflow as tf
 
 from mirrorkit import distributed_data
@@ -202,15 +201,3 @@ def resumed(callbacks: Any = None, fresh: list[EpochOrder] | None = None) -> Non
             "another, so the resumed epochs see other orders than an uninterrupted run; "
             "pass seed= to mk.distribute to replay them",
         )
-    for callback in getattr(callbacks, "callbacks", None) or []:
-        if isinstance(callback, keras.callbacks.BackupAndRestore) and isinstance(
-            callback.save_freq, int
-        ):
-            chief.say_once(
-                "resume-backup-steps",
-                f"resuming from keras.callbacks.BackupAndRestore(save_freq={callback.save_freq}): "
-                "Keras 3 restores the weights saved in the middle of an epoch but begins that "
-                "epoch again from its first step, so the steps before the backup are trained "
-                "twice and the result differs from an uninterrupted run; back up at each "
-                "epoch's end (save_freq='epoch', as mk.resumable does) for an exact resume",
-            )

@@ -5,8 +5,8 @@
 - **a small model's fit** (an MLP of 0.53M parameters, Adam, global batch 256, 2 CPU
   replicas, fits of 2 epochs of 100 steps on one model), without a backup and with
   ``mk.resumable(dir, every=N)`` for N = 25 and 100, on local disk; 9 rounds, each round
-  running the three in a rotated order; the median wall time of each, and its ratio to no backup; and the time of
-  one backup of that model (median of 5), the steady figure the noisy ratios stand for;
+  running the three in a rotated order; the median wall time of each, and its ratio to no
+  backup; and the time of one backup of that model (median of 5), the steadier figure;
 - **one backup of a large model**: the time of ``mk.resumable``'s write (the weights and
   Adam's two slots to ``latest.weights.h5``, the previous pair kept, the SHA-256) for a
   model of about ``--params`` parameters (default 100M: 1.2 GB with Adam's slots), on one

@@ -1,6 +1,6 @@
 """mirrorkit launch --max-restarts: a worker killed mid-training costs a restart, not the run.
 
-Two real 2-worker jobs under `mirrorkit launch`, each training with
+Three real 2-worker jobs under `mirrorkit launch`, each training with
 `mk.resumable(dir)` (Keras's own BackupAndRestore, set up by mirrorkit):
 
 - worker 1 SIGKILLs itself in the middle of epoch 2 of 4;
@@ -8,9 +8,9 @@ Two real 2-worker jobs under `mirrorkit launch`, each training with
   pattern of TensorFlow's "Multi-worker training with Keras" tutorial) and a
   shuffled input (``seed=0``), killed in epoch 3: the resumed epochs see the
   orders of the uninterrupted run;
-- the chief (the one worker that writes the backup) is SIGKILLed half-way
-  through writing the backup at the end of epoch 2, leaving a torn
-  ``latest.weights.h5`` (``double_checkpoint`` keeps the previous one).
+- the chief (the one worker that writes the backup) is SIGKILLed at three
+  points of its backup's write, one per attempt (a torn step backup's weights:
+  tests/test_step_backup.py).
 
 Each time the launcher stops the other worker, says where the job failed,
 where it resumes and the steps redone, starts the job again, and the job ends
@@ -55,21 +55,6 @@ _SCRIPT = """
     data = mk.distribute(make_data(), strategy, global_batch_size=GLOBAL_BATCH, **shuffle)
     backups = [keras.callbacks.BackupAndRestore(backup) if tutorial else mk.resumable(backup)]
     first = attempt == 0
-
-    if mode == "torn" and first and rank == 0:
-        save, saves = model.save_weights, []
-
-        def save_weights(filepath, *args, **kwargs):
-            saves.append(filepath)
-            save(filepath, *args, **kwargs)
-            if len(saves) == 2:  # the backup at the end of epoch 2: cut it short and die
-                size = os.path.getsize(filepath)
-                with open(filepath, "r+b") as f:
-                    f.truncate(size // 2)
-                print(f"KILLING the chief half-way through its backup ({{size}} bytes)", flush=True)
-                os.kill(os.getpid(), signal.SIGKILL)
-
-        model.save_weights = save_weights
 
     if mode == "pair" and rank == 0 and attempt < 3:
         # the chief dies at its 2nd backup of each of the first three attempts, each time at
@@ -221,23 +206,6 @@ def test_chief_killed_at_each_point_of_its_backup_write_resumes_from_a_whole_pai
     said = "was cut short (its weights and epoch do not match): resuming from the previous one"
     assert said in log, log[-4000:]
     assert_quoted_in(quoted_block("resume.md", "the last whole backup and says so"), log)
-
-
-@pytest.mark.multiprocess
-def test_chief_killed_inside_its_backup_write_resumes_from_the_previous_backup(
-    tmp_path, uninterrupted
-):
-    done, out = _launch(tmp_path, "torn", "--max-restarts", "1")
-    log = done.stdout + done.stderr
-    assert done.returncode == 0, log[-4000:]
-    assert "KILLING the chief half-way through its backup" in log
-    said = (
-        "restart 1 of 1: worker 0 killed by SIGKILL at epoch 2 step 4; resuming from the backup "
-        "at epoch 2 step 0: 4 step(s) redone"
-    )
-    assert said in log, log[-4000:]
-    assert "RAN epoch 2 attempt 1 worker 0" in log and "RAN epoch 1 attempt 1" not in log
-    np.testing.assert_allclose(np.load(out), uninterrupted, rtol=0, atol=1e-6)
 
 
 def _fails(times, exit_code=-9):

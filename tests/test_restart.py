@@ -60,7 +60,7 @@ _SCRIPT = """
         # the chief dies at its 2nd backup of each of the first three attempts, each time at
         # another point of the write: between the weights and the epoch; while keeping the
         # previous pair (its weights copied, not its epoch); the epoch written, not renamed
-        from mirrorkit.faults import backup_files
+        from mirrorkit import backup_files
 
         point, saves = ("between", "previous", "metadata")[attempt], []
 
@@ -340,8 +340,7 @@ def test_backup_pair_without_a_keras_backup_internal_is_named(tmp_path):
 def test_backup_files_chooses_the_latest_whole_pair(tmp_path, monkeypatch, capfd):
     import h5py
 
-    from mirrorkit import notices
-    from mirrorkit.faults import backup_files
+    from mirrorkit import backup_files, notices
 
     weights, metadata = str(tmp_path / "latest.weights.h5"), str(tmp_path / "m.json")
     assert backup_files.choose(weights, metadata) == (weights, metadata)  # nothing: fresh

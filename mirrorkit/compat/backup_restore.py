@@ -14,11 +14,11 @@ resume at epoch 1 with the later weights, silently.
 
 The replacement of ``BackupAndRestore._load_model``:
 
-- reads the latest pair only if it is whole (`mirrorkit.faults.backup_files`:
+- reads the latest pair only if it is whole (`mirrorkit.backup_files`:
   ``mk.resumable``'s pairs carry their weights' SHA-256, Keras's own are
   opened with h5py), else the previous one (``double_checkpoint``), else none:
   training starts from the beginning; either is said once on the chief;
-- hands the backup's epoch and step to `mirrorkit.faults.input_position`,
+- hands the backup's epoch and step to `mirrorkit.feeding.input_position`,
   whose epoch iterator reads and drops the batches of the steps already
   trained, so the resumed run takes the batches an uninterrupted run takes
   (where the input gives the same batches in a new process; other inputs
@@ -37,7 +37,8 @@ import os
 import shutil
 import tempfile
 
-from mirrorkit.faults import backup_files, input_position
+from mirrorkit import backup_files
+from mirrorkit.feeding import input_position
 from mirrorkit.patching.repair import Repair
 
 

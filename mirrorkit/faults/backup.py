@@ -6,9 +6,10 @@ What it sets, so that a user need not know it:
   every N steps (``every=N``: ``save_freq=N``), or every so many minutes of
   training (``every=datetime.timedelta(minutes=10)``: the chief's clock is
   read after each step, and a backup is written after the first step past the
-  interval). A backup in the middle of an epoch resumes at its step
-  (`mirrorkit.compat.backup_restore` and `mirrorkit.faults.input_position`,
-  for Keras's own ``BackupAndRestore(save_freq=N)`` too); the write blocks
+  interval). A backup in the middle of an epoch resumes at its step (the
+  ``backup_restore`` repair, which `mk.strategy()` and ``mk.compat.enable``
+  apply, and `mirrorkit.feeding.input_position`, for Keras's own
+  ``BackupAndRestore(save_freq=N)`` too); the write blocks
   training for as long as it takes (docs: benchmarks/ gives the cost);
 - ``double_checkpoint=True``, and the weights and epoch written and checked
   as one pair (`mirrorkit.faults.backup_pair`): the previous pair is kept,
@@ -45,9 +46,9 @@ import keras
 
 from mirrorkit import internals
 from mirrorkit.cluster import chief
-from mirrorkit.compat import backup_epoch, backup_restore
 from mirrorkit.environment_variables import MIRRORKIT_PROGRESS
-from mirrorkit.faults import backup_pair, input_position, resume_point
+from mirrorkit.faults import backup_pair, resume_point
+from mirrorkit.feeding import input_position
 from mirrorkit.patching import instance
 
 
@@ -105,8 +106,6 @@ def resumable(
     backup_pair.make_atomic(callback)
     if interval:
         _every_interval(callback, interval)
-    for repair in (backup_restore.REPAIR, backup_epoch.REPAIR):  # without mk.strategy() too
-        repair.apply()
     path = os.environ.get(MIRRORKIT_PROGRESS)
     if path and chief.is_chief():
         _record_progress(callback, path)

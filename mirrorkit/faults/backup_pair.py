@@ -24,9 +24,8 @@ import os
 
 import keras
 
-from mirrorkit import internals
+from mirrorkit import backup_files, internals
 from mirrorkit.cluster import chief
-from mirrorkit.faults import backup_files
 from mirrorkit.patching import instance
 
 _INTERNALS = (

@@ -52,8 +52,8 @@ import tensorflow as tf
 from mirrorkit import internals
 from mirrorkit.cluster import chief, workers
 from mirrorkit.exit_statuses import PREEMPTED
-from mirrorkit.faults import input_position
 from mirrorkit.faults.preemption_relay import Preempted, local_workers
+from mirrorkit.feeding import input_position
 from mirrorkit.pipeline import epoch_order
 
 __all__ = ["PreemptionCheckpoint", "Preempted", "local_workers"]

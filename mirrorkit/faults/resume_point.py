@@ -17,7 +17,7 @@ import mmap
 import os
 import struct
 
-from mirrorkit.faults import backup_files
+from mirrorkit import backup_files
 
 
 @dataclasses.dataclass(frozen=True)
@@ -51,7 +51,7 @@ class Progress:
         steps_per_epoch: steps in an epoch, None when Keras did not know it.
         at: the epoch and the step the chief was on (steps completed in it).
         positioned: whether the input resumes at a backup's step (False: at the epoch's
-            start, `mirrorkit.faults.input_position`); None when not known yet.
+            start, `mirrorkit.feeding.input_position`); None when not known yet.
     """
 
     backup_dir: str
@@ -130,10 +130,10 @@ def backup_position(
 ) -> Position | None:
     """Where the backup in `backup_dir` resumes; None without a backup directory.
 
-    The pair a restore reads (`mirrorkit.faults.backup_files.choose`: the latest
+    The pair a restore reads (`mirrorkit.backup_files.choose`: the latest
     whole one, else the previous one, else none), at its epoch and the steps
     done in it: a step backup resumes at its step where the input is positioned
-    (`mirrorkit.faults.input_position`), else at its epoch's start.
+    (`mirrorkit.feeding.input_position`), else at its epoch's start.
 
     Args:
         backup_dir: the `mk.resumable` backup directory.

@@ -133,7 +133,7 @@ def resume_at(
     Example:
     ```python
     import keras
-    from mirrorkit.faults import input_position
+    from mirrorkit.feeding import input_position
 
     model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
     assert input_position.resume_at(model, 2, 5, "a test backup")

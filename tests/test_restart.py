@@ -22,20 +22,15 @@ from __future__ import annotations
 
 import os
 import re
-import subprocess
-import sys
-import textwrap
-from pathlib import Path
 
 import numpy as np
 import pytest
+from _launching import launch
 from _quoted import assert_quoted_in, quoted_block
 
 from mirrorkit.faults import resume_point
 from mirrorkit.faults.restart import Failure, exit_cause, run_with_restarts
 from mirrorkit.launcher.processes import WorkerError
-
-TESTS = str(Path(__file__).parent)
 
 _SCRIPT = """
     import os, shutil, signal, sys
@@ -111,20 +106,7 @@ _SCRIPT = """
 
 
 def _launch(tmp_path, mode, *flags):
-    script = tmp_path / "train_restart.py"
-    script.write_text(textwrap.dedent(_SCRIPT.format(tests=TESTS)))
-    out = tmp_path / f"{mode}.npy"
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
-    env.pop("TF_CONFIG", None)
-    done = subprocess.run(
-        [sys.executable, "-m", "mirrorkit", "launch", "-n", "2", "--no-pin", *flags]
-        + [str(script), str(tmp_path / f"backup-{mode}"), str(out), mode],
-        capture_output=True,
-        text=True,
-        timeout=900,
-        env=env,
-    )
-    return done, out
+    return launch(tmp_path, _SCRIPT, mode, *flags)
 
 
 def _reference(shuffle):

@@ -14,20 +14,16 @@ from __future__ import annotations
 import os
 import re
 import signal
-import subprocess
-import sys
-import textwrap
-from pathlib import Path
 
 import keras
 import numpy as np
 import pytest
 import tensorflow as tf
+from _launching import launch
 from _quoted import assert_quoted_in, quoted_block
 
 import mirrorkit as mk
 
-TESTS = str(Path(__file__).parent)
 EPOCHS, STEPS, BATCH = 3, 8, 16  # 8 steps an epoch, 24 in all
 
 
@@ -294,20 +290,7 @@ _SCRIPT = """
 
 
 def _launch(tmp_path, mode):
-    script = tmp_path / "train_steps.py"
-    script.write_text(textwrap.dedent(_SCRIPT.format(tests=TESTS)))
-    out = tmp_path / f"{mode}.npy"
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
-    env.pop("TF_CONFIG", None)
-    done = subprocess.run(
-        [sys.executable, "-m", "mirrorkit", "launch", "-n", "2", "--no-pin", "--max-restarts", "2"]
-        + [str(script), str(tmp_path / f"backup-{mode}"), str(out), mode],
-        capture_output=True,
-        text=True,
-        timeout=900,
-        env=env,
-    )
-    return done, out
+    return launch(tmp_path, _SCRIPT, mode, "--max-restarts", "2")
 
 
 def _trained_twice(log):

@@ -71,7 +71,7 @@ _UNREPLAYED_OPS = (
 
 
 @dataclasses.dataclass(frozen=True)
-class Position:
+class Restored:
     """Where a restored ``fit`` resumes: a 0-based epoch and the steps completed in it.
 
     Attributes:
@@ -163,7 +163,7 @@ def resume_at(
         name="input_position.initial_epoch",
         reason="a restored fit begins at its backup's epoch (as Keras's BackupAndRestore sets)",
     )
-    attached.attach(model, _PENDING, Position(int(epoch), int(step), source, always, say))
+    attached.attach(model, _PENDING, Restored(int(epoch), int(step), source, always, say))
     fit_epoch.listen(_epoch_begins)
     REPAIR.apply()
     return True
@@ -189,7 +189,7 @@ def held_later(model: Any, epoch: int, step: int, source: str) -> bool:
     return True
 
 
-def pending(model: Any) -> Position | None:
+def pending(model: Any) -> Restored | None:
     """The position a restore in `model`'s current ``fit`` handed over, until it is used."""
     return attached.attached(model, _PENDING)
 

@@ -180,16 +180,15 @@ def _fit_begins_epoch(callbacks: Any, epoch: int, first: bool) -> None:
     for order in live:
         order.begin(epoch)
     if first and epoch > 0:
-        resumed(callbacks, [order for order in live if not order.used])
+        resumed([order for order in live if not order.used])
     for order in live:
         order.used = True
 
 
-def resumed(callbacks: Any = None, fresh: list[EpochOrder] | None = None) -> None:
-    """A ``fit`` that begins past epoch 0: says once each reason its orders or steps differ.
+def resumed(fresh: list[EpochOrder] | None = None) -> None:
+    """A ``fit`` that begins past epoch 0: says once each reason its orders differ.
 
     Args:
-        callbacks: the ``fit``'s `keras.callbacks.CallbackList` (or None).
         fresh: the orders this process had not trained on before (their
             seed, if drawn, is this run's, not the interrupted run's).
     """

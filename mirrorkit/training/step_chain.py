@@ -40,9 +40,7 @@ REPAIR = register(  # applied by the first step hook (step_hooks.register)
         replacement=_replacement,
         applies_to=lambda strategy: True,
         place=1,  # above fit_notices: what the chain takes in is the function Keras made
-        applied_when=(
-            "with the first step hook (ThroughputCallback, NaNGuard, PreemptionCheckpoint)"
-        ),
+        applied_when=("with the first step hook (ThroughputCallback, NaNGuard)"),
         feature="the step hooks kept around a re-traced train function",
         account="the-step-chain",
         tests=(

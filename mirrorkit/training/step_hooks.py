@@ -4,9 +4,9 @@ The counterpart of `gradient_hooks` for the whole step. Keras's ``fit`` calls
 ``model.train_function(iterator)`` once a step (once per group of
 ``steps_per_execution``), and ``model.train_step(data)`` is what that function
 traces. Several parts of mirrorkit act there: `ThroughputCallback` times each
-call, its step clock times each replica's work inside the trace, `NaNGuard`
-raises after a step that was not finite, and `PreemptionCheckpoint` drops the
-batches a resumed epoch already trained. This module is the one place that
+call, its step clock times each replica's work inside the trace, and `NaNGuard`
+raises after a step that was not finite. (A resumed epoch's first batches are
+dropped before any step, by `mirrorkit.feeding.input_position`.) This module is the one place that
 replaces ``model.train_function`` and ``model.train_step``: once per model,
 with a chain that runs the registered hooks in an order fixed by stage and
 place, never by the order callbacks were listed or registered in.
@@ -44,8 +44,6 @@ STAGES = ("call", "traced")
 
 #: mirrorkit's own hooks: name -> (stage, order; lower is further out).
 PLACES = {
-    # While a resumed epoch skips the batches it already trained: draw, drop, no step.
-    "preemption.skip": ("call", 10),
     # The step as ThroughputCallback's report counts it: what is outside is host work. The
     # guards' per-step read-back is inside, so adding NaNGuard does not move the verdict (its
     # cost is the guard's own: benchmarks/guards_cost.py).
@@ -114,8 +112,8 @@ _CHAINS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 #: Why the model's train function and step are replaced (what ``compat.describe`` says).
 _REASON = (
-    "mirrorkit's step hooks (ThroughputCallback's timer and step clock, NaNGuard's verdict, "
-    "PreemptionCheckpoint's skip) run around this model's step"
+    "mirrorkit's step hooks (ThroughputCallback's timer and step clock, NaNGuard's verdict) "
+    "run around this model's step"
 )
 
 

@@ -33,10 +33,19 @@ def _data():
     return x, (x @ rng.normal(size=(5, 1))).astype("float32")
 
 
-def _model(strategy):
+def _model(strategy, recipes=False):
+    """The model; with `recipes`, mixed_float16 layers, a loss scale, clipping, accumulation."""
+
     def make():
-        model = keras.Sequential([keras.Input((5,)), keras.layers.Dense(4), keras.layers.Dense(1)])
-        model.compile(optimizer=keras.optimizers.Adam(0.01), loss="mse")
+        dtype = "mixed_float16" if recipes else None
+        model = keras.Sequential(
+            [keras.Input((5,)), keras.layers.Dense(4, dtype=dtype), keras.layers.Dense(1)]
+        )
+        optimizer = keras.optimizers.Adam(0.01)
+        if recipes:  # accumulation over 2 steps: a backup every 3 lands in the middle of one
+            optimizer = keras.optimizers.Adam(0.01, clipnorm=1.0, gradient_accumulation_steps=2)
+            optimizer = keras.mixed_precision.LossScaleOptimizer(optimizer)
+        model.compile(optimizer=optimizer, loss="mse")
         rng = np.random.default_rng(7)
         model.set_weights([rng.normal(size=w.shape).astype("float32") for w in model.get_weights()])
         return model
@@ -78,12 +87,18 @@ class _Steps(keras.callbacks.Callback):
         self.trained.append((self.epoch, batch))
 
 
-def _fit(kind, backup, trained, fail_at=None, before_fit=lambda: None):
-    """One run (a fresh model, as a restarted process builds it): weights and iterations."""
+def _fit(kind, backup, trained, fail_at=None, before_fit=lambda: None, recipes=False):
+    """One run (a fresh model, as a restarted process builds it): weights and iterations.
+
+    With `recipes`, the model's (`_model`) and mirrorkit's step callbacks around the backup.
+    """
     strategy = mk.strategy(cpu_replicas=2)
-    model = _model(strategy)
+    model = _model(strategy, recipes)
     x, kwargs = _input(kind, strategy)
     callbacks = [] if backup is None else [backup()]
+    if recipes:  # ThroughputCallback's input clock stays installed after a fit that raises
+        timer = [] if fail_at else [mk.ThroughputCallback(verbose=0)]
+        callbacks = [mk.callbacks.NaNGuard(), *callbacks, *timer]
     before_fit()
     model.fit(
         x, epochs=EPOCHS, verbose=0, callbacks=callbacks + [_Steps(trained, fail_at)], **kwargs
@@ -92,11 +107,11 @@ def _fit(kind, backup, trained, fail_at=None, before_fit=lambda: None):
     return weights, int(model.optimizer.iterations.numpy())
 
 
-def _crash_then_resume(kind, backup, fail_at, before_fit=lambda: None):
+def _crash_then_resume(kind, backup, fail_at, before_fit=lambda: None, recipes=False):
     trained = []
     with pytest.raises(RuntimeError, match="on purpose"):
-        _fit(kind, backup, trained, fail_at, before_fit)
-    weights, iterations = _fit(kind, backup, trained, before_fit=before_fit)
+        _fit(kind, backup, trained, fail_at, before_fit, recipes)
+    weights, iterations = _fit(kind, backup, trained, before_fit=before_fit, recipes=recipes)
     return weights, iterations, trained
 
 
@@ -129,6 +144,22 @@ def test_a_step_backup_resumes_at_its_step_equal_to_an_uninterrupted_run(
     assert len(trained) == EPOCHS * STEPS + 1, trained  # the failed step never ended
     assert f"resuming from the backup in {path} at epoch 2 step 4" in said.out, said
     assert_quoted_in(quoted_block("resume.md", "Each worker prints where it resumes:"), said.out)
+
+
+def test_a_step_backup_in_the_middle_of_an_accumulation_with_mixed_precision_and_guards(
+    tmp_path, capfd
+):
+    """mixed_float16 with its loss scale, clipnorm, 2-step accumulation, NaNGuard and
+    ThroughputCallback around Keras's step backup: the resumed run ends as the whole one."""
+    reference, iterations = _fit("distribute shuffled", None, [], recipes=True)
+    path = str(tmp_path / "backup")
+    backup = lambda: keras.callbacks.BackupAndRestore(path, save_freq=3)  # noqa: E731
+    resumed, resumed_iterations, _ = _crash_then_resume(
+        "distribute shuffled", backup, (1, 5), recipes=True
+    )
+    assert f"resuming from the backup in {path} at epoch 2 step 4" in capfd.readouterr().out
+    assert resumed_iterations == iterations
+    np.testing.assert_allclose(resumed, reference, rtol=0, atol=1e-6)
 
 
 def test_resumable_every_interval_backs_up_by_time_and_refuses_other_values(tmp_path, capfd):

@@ -146,6 +146,7 @@ def test_a_step_backup_resumes_at_its_step_equal_to_an_uninterrupted_run(
     assert_quoted_in(quoted_block("resume.md", "Each worker prints where it resumes:"), said.out)
 
 
+@pytest.mark.slow
 def test_a_step_backup_in_the_middle_of_an_accumulation_with_mixed_precision_and_guards(
     tmp_path, capfd
 ):
@@ -162,6 +163,7 @@ def test_a_step_backup_in_the_middle_of_an_accumulation_with_mixed_precision_and
     np.testing.assert_allclose(resumed, reference, rtol=0, atol=1e-6)
 
 
+@pytest.mark.slow
 def test_resumable_every_interval_backs_up_by_time_and_refuses_other_values(tmp_path, capfd):
     import datetime
 
@@ -179,6 +181,7 @@ def test_resumable_every_interval_backs_up_by_time_and_refuses_other_values(tmp_
             mk.resumable(path, every=wrong)
 
 
+@pytest.mark.slow
 def test_an_input_that_draws_other_batches_resumes_at_the_epochs_start_saying_so(tmp_path, capfd):
     path = str(tmp_path / "backup")
     backup = lambda: keras.callbacks.BackupAndRestore(path, save_freq=3)  # noqa: E731
@@ -198,6 +201,7 @@ def _cut_short(path):
         f.truncate(size // 2)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("double_checkpoint", [True, False])
 def test_a_damaged_keras_backup_resumes_from_the_previous_or_says_so(
     tmp_path, capfd, double_checkpoint
@@ -231,6 +235,7 @@ def test_a_damaged_keras_backup_resumes_from_the_previous_or_says_so(
     np.testing.assert_allclose(resumed, reference, rtol=0, atol=1e-6)
 
 
+@pytest.mark.slow
 def test_weights_without_their_metadata_start_from_the_beginning_saying_so(tmp_path, capfd):
     path = str(tmp_path / "backup")
     backup = lambda: keras.callbacks.BackupAndRestore(path, save_freq=3)  # noqa: E731
@@ -387,6 +392,7 @@ def sigterm_handler_restored():
     signal.signal(signal.SIGTERM, before)
 
 
+@pytest.mark.slow
 def test_a_preemption_checkpoint_and_a_step_backup_resume_from_the_later(
     tmp_path, capfd, sigterm_handler_restored
 ):

@@ -141,17 +141,14 @@ def test_a_command_error_goes_to_stderr(capsys):
 
 PRIVATE_MODULES = ("keras.src", "tensorflow.python")
 INTERNALS = PACKAGE / "internals.py"
-#: The one module that imports by a computed name: its lazy table of mirrorkit's public names.
-#: Imports by a computed name: the public names (lazily), and a user's own module for
-#: `mirrorkit bench --model module:function`.
 #: Where a computed import name is allowed: the lazy top-level names, the user's model module,
-#: compat's own submodules, which declare the repairs `compat.REPAIRS` collects, and the
-#: post-import hook (the module it waits for, and the part of mirrorkit it runs then).
+#: the catalogue of the modules that define repairs, and the post-import hook (the module it
+#: waits for, and the part of mirrorkit it runs then).
 COMPUTED_IMPORTS = (
     PACKAGE / "__init__.py",
     PACKAGE / "patching" / "post_import.py",
     PACKAGE / "bench" / "user_model.py",
-    PACKAGE / "compat" / "__init__.py",
+    PACKAGE / "patching" / "catalogue.py",
 )
 IMPORT_CALLS = (
     "importlib.import_module",
@@ -505,52 +502,165 @@ def test_notices_go_through_the_logger():
     assert found == [], f"say notices through mirrorkit.cluster.chief.say: {found}"
 
 
-def _foreign_patches(tree):
-    """Assignments (or setattr) to attributes of TensorFlow/Keras classes and modules: names
-    bound to ``tf.*`` / ``keras.*`` or to what ``internals.load`` / ``load_module`` return."""
+#: Top-level packages whose modules and classes mirrorkit patches only through patching/.
+FOREIGN_PACKAGES = ("tensorflow", "keras", "tf_keras", "keras_hub", "keras_tuner", "keras_rs")
+#: Calls that return a module, class or attribute of TensorFlow or Keras.
+FOREIGN_LOADS = ("internals.load", "internals.load_module", "internals.require", "getattr")
+
+
+def _foreign_names(tree):
+    """The names a module binds to TensorFlow or Keras objects: ``tf``, ``keras``, what it
+    imports from their modules, what ``internals.load`` (and the like) returns, and names
+    bound to a chain of those (``cls = tf.distribute.MirroredStrategy``)."""
     foreign = {"tf", "keras"}
     for node in ast.walk(tree):
-        if isinstance(node, ast.Assign) and len(node.targets) == 1:
-            target, value = node.targets[0], node.value
-            if isinstance(value, ast.Call):  # an instance, unless internals loaded a class
-                loads = _dotted(value.func) in ("internals.load", "internals.load_module")
-            else:  # a class or module of theirs, e.g. cls = tf.distribute.MirroredStrategy
-                loads = (_dotted(value) or "").split(".")[0] in ("tf", "keras")
-            if isinstance(target, ast.Name) and loads:
-                foreign.add(target.id)
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name.split(".")[0] in FOREIGN_PACKAGES:
+                    foreign.add((alias.asname or alias.name).split(".")[0])
+        elif isinstance(node, ast.ImportFrom) and not node.level:
+            if (node.module or "").split(".")[0] in FOREIGN_PACKAGES:
+                foreign |= {alias.asname or alias.name for alias in node.names}
+    # a function or class the module defines is its own, whatever else it binds by that name
+    own = {
+        node.name
+        for node in ast.walk(tree)
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef)
+    }
+    foreign -= own
+    changed = True
+    while changed:  # names bound from other foreign names, until nothing new
+        changed = False
+        for node in ast.walk(tree):
+            if not isinstance(node, ast.Assign):
+                continue
+            value = node.value
+            if isinstance(value, ast.Call):
+                loads = _dotted(value.func) in FOREIGN_LOADS and (
+                    _dotted(value.func) != "getattr" or _roots_in(value.args[:1], foreign)
+                )
+            else:
+                loads = _roots_in([value], foreign)
+            for target in node.targets:
+                if loads and isinstance(target, ast.Name) and target.id not in foreign | own:
+                    foreign.add(target.id)
+                    changed = True
+    return foreign
+
+
+def _roots_in(nodes, names):
+    """Whether each of `nodes` is a name of `names`, or a chain of attributes on one."""
+    if not nodes:
+        return False
+    for node in nodes:
+        while isinstance(node, ast.Attribute | ast.Subscript):
+            node = node.value
+        if not (isinstance(node, ast.Name) and node.id in names):
+            return False
+    return True
+
+
+def _assigned(node):
+    """The targets an assignment statement writes (tuples unpacked)."""
+    if isinstance(node, ast.Assign):
+        targets = list(node.targets)
+    elif isinstance(node, ast.AnnAssign | ast.AugAssign):
+        targets = [node.target]
+    elif isinstance(node, ast.Delete):
+        targets = list(node.targets)
+    else:
+        return []
     found = []
-    for node in ast.walk(tree):
-        targets = node.targets if isinstance(node, ast.Assign) else []
-        for target in targets:
-            if isinstance(target, ast.Attribute) and isinstance(target.value, ast.Name):
-                if target.value.id in foreign:
-                    found.append(node)
-        if isinstance(node, ast.Call) and _dotted(node.func) in ("setattr", "delattr"):
-            first = node.args[0] if node.args else None
-            if isinstance(first, ast.Name) and first.id in foreign:
-                found.append(node)
+    while targets:
+        target = targets.pop()
+        if isinstance(target, ast.Tuple | ast.List):
+            targets.extend(target.elts)
+        else:
+            found.append(target)
     return found
 
 
+def _foreign_patches(tree):
+    """Every write to an attribute of a TensorFlow or Keras module or class (or object): an
+    assignment, augmented or annotated, a ``del``, a tuple unpacked into one, ``setattr`` /
+    ``delattr`` / ``object.__setattr__``, a write into its ``__dict__`` or ``vars()``, on a
+    name bound to TensorFlow or Keras (`_foreign_names`) or a chain of attributes on one."""
+    foreign = _foreign_names(tree)
+    found = []
+    for node in ast.walk(tree):
+        for target in _assigned(node):
+            if isinstance(target, ast.Attribute) and _roots_in([target.value], foreign):
+                found.append(node)
+            elif isinstance(target, ast.Subscript) and _writes_a_namespace(target.value, foreign):
+                found.append(node)
+        if isinstance(node, ast.Call):
+            name = _dotted(node.func)
+            if name in ("setattr", "delattr", "object.__setattr__", "type.__setattr__"):
+                if _roots_in(node.args[:1], foreign):
+                    found.append(node)
+    return sorted(set(found), key=lambda node: node.lineno)
+
+
+def _writes_a_namespace(node, foreign):
+    """``X.__dict__`` or ``vars(X)`` for a foreign X."""
+    if isinstance(node, ast.Attribute) and node.attr == "__dict__":
+        return _roots_in([node.value], foreign)
+    if isinstance(node, ast.Call) and _dotted(node.func) == "vars":
+        return _roots_in(node.args[:1], foreign)
+    return False
+
+
+#: The modules that patch TensorFlow and Keras: the one mechanism.
+PATCHING = (PACKAGE / "patching" / "repair.py", PACKAGE / "patching" / "instance.py")
+
+
 def test_every_patch_of_tensorflow_or_keras_goes_through_the_repair_registry():
-    """A class or module of TensorFlow/Keras is patched only by a `Repair` (patching/repair.py:
-    `compat.enable`'s, or a scoped one), so ``compat.active()`` lists it and it comes off."""
+    """A module, class or object of TensorFlow/Keras is patched only through patching/ (a
+    `Repair`, or `instance.set_on` for one object), so ``compat.describe()`` lists it and
+    ``compat.disable()`` takes it off."""
     found = [
         _where(path, node)
         for path, tree in _trees(exclude=())
-        if path != PACKAGE / "patching" / "repair.py"
+        if path not in PATCHING
         for node in _foreign_patches(tree)
     ]
-    assert found == [], f"patch TensorFlow/Keras through a compat Repair: {found}"
+    assert found == [], f"patch TensorFlow/Keras through patching/ (a Repair): {found}"
 
 
-def test_the_patch_check_sees_a_patch():
-    tree = ast.parse(
-        "cls = tf.distribute.MirroredStrategy\ncls._key = 1\n"
-        "trainer = internals.load_module('x', used_for='y')\ntrainer.tf = proxy\n"
-        "setattr(cls, 'get_next', f)\nmodel.train_function = None\n"
-    )
-    assert [node.lineno for node in _foreign_patches(tree)] == [2, 4, 5]
+#: Each form of patching the guard must see, one per line, and lines it must let pass.
+PATCH_FORMS = """\
+import keras
+import tensorflow as tf
+from keras.src.backend.tensorflow.trainer import TensorFlowTrainer
+from keras.src.backend.tensorflow import trainer as trainer_module
+keras.Model.fit = f
+setattr(keras.Model, "fit", f)
+TensorFlowTrainer.make_train_function = f
+tf.distribute.MirroredStrategy._collective_key_base = 7
+trainer_module.TensorFlowTrainer._make_function = f
+cls = tf.distribute.MirroredStrategy
+cls._key = 1
+loaded = internals.load_module("x", used_for="y")
+loaded.tf = proxy
+delattr(keras.callbacks.CSVLogger, "on_train_end")
+keras.Model.fit, other = f, 1
+vars(keras.Model)["fit"] = f
+keras.Model.__dict__["fit"] = f
+object.__setattr__(keras.Model, "fit", f)
+keras.Model.fit: Any = f
+del keras.Model.fit
+model.train_function = None
+instance.set_on(model, "train_function", f, name="x", reason="y")
+mine = SomethingOfMine()
+mine.attribute = 1
+"""
+
+
+def test_the_patch_check_sees_every_form_of_patch():
+    lines = PATCH_FORMS.splitlines()
+    seen = [node.lineno for node in _foreign_patches(ast.parse(PATCH_FORMS))]
+    expected = [n for n, line in enumerate(lines, 1) if n in range(5, 21) and n not in (10, 12)]
+    assert seen == expected, [lines[n - 1] for n in sorted(set(seen) ^ set(expected))]
 
 
 def test_the_process_check_sees_a_start():
@@ -559,9 +669,18 @@ def test_the_process_check_sees_a_start():
 
 
 def _compat_internals_section():
+    """The section as the site shows it: the table of each repair's target made in."""
+    import importlib.util
+
     text = (PACKAGE.parent / "docs" / "compat.md").read_text()
     assert COMPAT_SECTION in text, f"docs/compat.md lost its section {COMPAT_SECTION!r}"
-    return text.split(COMPAT_SECTION, 1)[1].split("\n## ", 1)[0]
+    section = text.split(COMPAT_SECTION, 1)[1].split("\n## ", 1)[0]
+    spec = importlib.util.spec_from_file_location("docs_hooks", PACKAGE.parent / "docs/hooks.py")
+    hooks = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(hooks)
+    marker = next(line for line in hooks.GENERATED if hooks.GENERATED[line] == "targets_table")
+    assert marker in section, f"{COMPAT_SECTION!r} lost its line {marker!r}"
+    return section.replace(marker, hooks.targets_table())
 
 
 def _guarded_internals():

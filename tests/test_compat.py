@@ -16,8 +16,8 @@ from _quoted import assert_quoted_in, quoted_block
 
 import mirrorkit as mk
 from mirrorkit import compat
-from mirrorkit.patching.repair import declared
-from mirrorkit.patching.repair import known as known_repairs
+from mirrorkit.patching import catalogue
+from mirrorkit.patching.repair import WITH_ENABLE
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
@@ -39,13 +39,13 @@ def test_enable_is_idempotent_and_disable_restores():
     original = trainer.reduce_per_replica
     everything = [repair.name for repair in compat.REPAIRS]
     assert len(set(everything)) == len(everything), everything
-    # compat's modules declare their repairs: every one is on the Keras repairs page's table
-    on_the_page = _repairs_at_a_glance()
-    unlisted = [name for name in everything if not _matches(name, on_the_page)]
-    assert unlisted == [], f"add a row for each to compat.md's repairs at a glance: {unlisted}"
     # A repair whose bug this Keras has fixed steps aside (python_logs on Keras 3.15), and
-    # keras_hub_inputs waits for keras-hub to be imported.
-    needed = [repair.name for repair in compat.REPAIRS + tuple(declared()) if repair.needed()]
+    # keras_hub_inputs waits for keras-hub to be imported; the first-use ones wait for theirs.
+    needed = [
+        repair.name
+        for repair in compat.REPAIRS
+        if repair.when == WITH_ENABLE and repair.needed() and not repair.fixed_upstream
+    ]
     assert compat.enable() == needed
     patched = trainer.reduce_per_replica
     assert patched is not original and patched.__wrapped__ is original
@@ -56,34 +56,14 @@ def test_enable_is_idempotent_and_disable_restores():
     compat.enable()
 
 
-def _repairs_at_a_glance() -> list[str]:
-    """The repair names (or ``prefix*`` patterns) in compat.md's "The repairs at a glance"."""
-    page = (ROOT / "docs" / "compat.md").read_text()
-    table = page.split("## The repairs at a glance", 1)[1].split("\n## ", 1)[0]
-    names = []
-    for row in table.splitlines():
-        if row.startswith("| `"):
-            names += re.findall(r"`([a-z_*]+)`", row.split(" | ")[0])
-    return names
-
-
 def _matches(name: str, patterns: list[str]) -> bool:
     return any(fnmatch.fnmatchcase(name, pattern) for pattern in patterns)
-
-
-def test_every_row_of_the_repairs_table_names_a_repair():
-    import mirrorkit.strategies.factory  # noqa: F401 - with step_chain, every module defining one
-    import mirrorkit.training.step_chain  # noqa: F401
-
-    known = [r.name for r in known_repairs()]
-    stale = [p for p in _repairs_at_a_glance() if not any(fnmatch.fnmatchcase(n, p) for n in known)]
-    assert stale == [], f"compat.md's table names repairs that no module declares: {stale}"
 
 
 def _targets() -> dict[str, object]:
     """What each repair's Keras module or class holds at its target now (absent: None)."""
     found = {}
-    for repair in known_repairs():
+    for repair in catalogue.repairs():
         if repair.module.split(".")[0] not in sys.modules:  # keras_hub, keras_tuner: not imported
             continue
         owner, attr = repair._owner_and_attr()
@@ -92,12 +72,7 @@ def _targets() -> dict[str, object]:
 
 
 def _register_a_step_hook() -> None:
-    """A step hook on a model: `step_hooks.register` applies `step_chain` (first use).
-
-    Imports `fit_notices` too, as `mk.strategy()` does: it declares its repair for the
-    strategies `compat.enable` is called for.
-    """
-    from mirrorkit.scale import fit_notices  # noqa: F401
+    """A step hook on a model: `step_hooks.register` applies `step_chain` (first use)."""
     from mirrorkit.training import step_hooks
 
     model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
@@ -179,25 +154,18 @@ def test_repairs_are_said_in_one_line_once(monkeypatch, capfd):
     monkeypatch.setattr(notices, "_said", set())
     compat.disable()
     capfd.readouterr()
-    names = compat.enable()
+    assert compat.enable()
     compat.disable()
     compat.enable()
     said = [line for line in capfd.readouterr().err.splitlines() if "mirrorkit:" in line]
     assert said == [
-        f"mirrorkit: {len(names)} Keras repairs active (keras {keras.__version__}); "
-        "mirrorkit.compat.active() lists them"
+        f"mirrorkit: Keras {keras.__version__} repaired for tf.distribute; "
+        "mirrorkit.compat.active() lists the repairs"
     ]
 
 
 def test_the_docs_quote_the_repairs_two_replicas_get(monkeypatch, capfd):
-    """The Keras repairs page quotes mk.strategy(cpu_replicas=2)'s line with its count.
-
-    It is the one page that quotes the count (the others write it as ``...``), so a new repair
-    changes the count in its own account's page only. The quoted line is the one printed.
-    """
-    import pathlib
-    import re
-
+    """The Keras repairs page quotes mk.strategy(cpu_replicas=2)'s line as the chief prints it."""
     from mirrorkit import notices
 
     monkeypatch.setattr(notices, "_said", set())
@@ -205,45 +173,46 @@ def test_the_docs_quote_the_repairs_two_replicas_get(monkeypatch, capfd):
     capfd.readouterr()
     mk.strategy(cpu_replicas=2)
     said = capfd.readouterr().err
-    count = len([name for name in compat.active() if name != "keras_hub_inputs"])  # not imported
-    docs = pathlib.Path(__file__).resolve().parent.parent / "docs"
-    quoted = {}
-    for page in ("compat.md",):
-        found = re.findall(
-            r"mirrorkit: (\d+) Keras repairs active \(keras ([\w.]+)\)", (docs / page).read_text()
-        )
-        assert found, page
-        quoted[page] = found[0]
-    if any(version != keras.__version__ for _, version in quoted.values()):
-        pytest.skip(f"the docs quote another Keras: {quoted}")
-    assert {page: int(n) for page, (n, _) in quoted.items()} == dict.fromkeys(quoted, count)
-    if "keras_hub_inputs" not in compat.active():  # keras-hub imported: the chief counts it
-        assert_quoted_in(quoted_block("compat.md", "`mk.strategy(cpu_replicas=2)` on Keras"), said)
+    quote = quoted_block("compat.md", "`mk.strategy(cpu_replicas=2)` on Keras")
+    if f"Keras {keras.__version__} " not in quote.lines[0]:
+        pytest.skip(f"the docs quote another Keras: {quote.lines}")
+    assert_quoted_in(quote, said)
 
 
 def _in_order(names) -> list[str]:
-    """`names` as `compat.active()` orders them: compat's modules' repairs, then the declared."""
+    """`names` as `compat.active()` orders them: the catalogue's order."""
     wanted = set(names)
-    order = [r.name for r in compat.REPAIRS] + [r.name for r in declared()]
+    order = [r.name for r in catalogue.repairs()]
     assert wanted <= set(order), wanted - set(order)
     return [name for name in order if name in wanted]
 
 
 def _applied_per_the_page(rows: int) -> list[str]:
-    """The repairs compat.md's "Which repairs a strategy gets" gives its first `rows` rows.
+    """The repairs compat.md's table "Which repairs a strategy gets" gives its first `rows` rows.
 
-    The table is the one list of which strategy gets which repair; a repair waiting for its
-    package (keras-hub, keras-tuner) or one whose bug this Keras has fixed is left out, as
-    `enable` leaves it out.
+    The table is made from each repair's ``applies_to`` (docs/hooks.py): this checks that the
+    label it gives each is what a strategy really gets. A repair waiting for its package
+    (keras-hub, keras-tuner) or one whose bug this Keras has fixed is left out, as `enable`
+    leaves it out.
     """
-    page = (ROOT / "docs" / "compat.md").read_text()
-    table = page.split("Which repairs a strategy gets:", 1)[1].split("\n\n", 2)[1]
+    table = _hooks().strategies_table()
     cells = [row.split(" | ")[1] for row in table.splitlines()[2:]][:rows]
-    patterns = [p for cell in cells for p in re.findall(r"`([a-z_*]+)`", cell)]
-    known = list(compat.REPAIRS) + declared()
+    names = [n for cell in cells for n in re.findall(r"`([a-z_]+)`(?! is imported)", cell)]
     return _in_order(
-        r.name for r in known if _matches(r.name, patterns) and r.needed() and not r.fixed_upstream
+        r.name
+        for r in catalogue.repairs()
+        if r.name in names and r.needed() and not r.fixed_upstream
     )
+
+
+def _hooks():
+    """docs/hooks.py, which makes the Keras repairs page's tables from the repairs."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("docs_hooks", ROOT / "docs" / "hooks.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def test_strategy_applies_what_the_repairs_page_says():

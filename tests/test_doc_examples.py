@@ -227,13 +227,8 @@ def _script_run(path: str, tmp_path: Path) -> tuple[str, Path]:
 def test_the_keras_multi_worker_page_says_what_its_example_does(tmp_path):
     page = " ".join((ROOT / "docs/keras-multi-worker.md").read_text().split())
     output, folder = _script_run("docs/keras-multi-worker.md", tmp_path)
-    said = re.search(r"mirrorkit: (\d+) Keras repairs active \(keras ([\d.]+)\)", output)
-    claimed = re.search(r"`mirrorkit: \.\.\. Keras repairs active \(keras [\d.]+\)", page)
-    assert said and claimed, "the repairs line, in the page or in the 2-worker run's output"
-    # "more than on one machine": the one-host count is the Keras repairs page's
-    repairs_page = (ROOT / "docs/compat.md").read_text()
-    one_host = re.search(r"mirrorkit: (\d+) Keras repairs active", repairs_page)
-    assert int(said[1]) > int(one_host[1]), (said[0], one_host[0])
+    claimed = re.search(r"`(mirrorkit: Keras [\d.]+ repaired for tf.distribute; [^`]*)`", page)
+    assert claimed and claimed[1] in output, "the repairs line, in the page or the run's output"
     rows = re.search(r"`log\.csv` with a header and (\d+) rows", page)
     epochs = re.search(r"(\d+) `Epoch` lines", page)
     written = (folder / "log.csv").read_text().splitlines()
@@ -288,7 +283,7 @@ def test_the_repairs_page_says_what_its_turn_off_example_prints():
     page = (ROOT / "docs/compat.md").read_text()
     section = page[page.index("## Turn the repairs off") :]
     code = re.search(r"```python\n(.*?)```", section, re.S)[1]
-    quote = quoted_block("compat.md", "On Keras 3.15.1 this prints:")
+    quote = quoted_block("compat.md", "It prints no repair after `disable()`")
     done = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=ROOT
     )

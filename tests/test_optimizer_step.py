@@ -146,13 +146,12 @@ STEP_METHODS = {
 
 
 def test_one_module_owns_the_optimizer_step():
-    import mirrorkit.strategies.factory  # noqa: F401 - every declaring module imported
     from mirrorkit.compat import optimizer_step
-    from mirrorkit.patching.repair import known
+    from mirrorkit.patching import catalogue
 
     owners = {
         repair.name: repair
-        for repair in known()
+        for repair in catalogue.repairs()
         if repair.target.rsplit(".", 1)[-1] in STEP_METHODS
     }
     assert set(owners) == {r.name for r in optimizer_step.REPAIRS}, sorted(owners)

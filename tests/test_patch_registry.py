@@ -332,12 +332,11 @@ def test_repairs_of_the_same_internal_declare_their_order():
     """Every internal that two of mirrorkit's repairs replace: each declares its own place."""
     import collections
 
-    import mirrorkit.strategies.factory  # noqa: F401 - with step_chain: every module defining one
-    from mirrorkit.patching import repair
+    from mirrorkit.patching import catalogue
     from mirrorkit.scale import fit_notices
     from mirrorkit.training import step_chain
 
-    every = repair.known()
+    every = catalogue.repairs()
     assert any(fit_notices.REPAIR is one for one in every)
     assert any(step_chain.REPAIR is one for one in every)
     by_internal = collections.defaultdict(dict)

@@ -120,17 +120,12 @@ def test_a_repair_waits_for_its_package_and_a_disable_cancels_the_wait(tmp_path)
         mk.compat.apply_when_imported(second)
         print(first.active, second.active)
         import toypkg
-        print(first.active, toypkg.Tuner().search(), len(mk.compat.active()))
+        print(first.active, toypkg.Tuner().search())
         mk.compat.disable()  # the second waits no more
         import toypkg2
         print(second.active, toypkg2.Tuner().search(), toypkg.Tuner().search())
         """,
     )
     assert done.returncode == 0, done.stderr[-3000:]
-    lines = done.stdout.splitlines()
-    count = lines[1].split()[-1]
-    assert lines == ["False False", f"True x repaired {count}", "False x x"]
-    assert (
-        f"mirrorkit: toypkg imported: toy_toypkg now in place ({count} Keras repairs active)"
-        in done.stderr
-    )
+    assert done.stdout.splitlines() == ["False False", "True x repaired", "False x x"]
+    assert "mirrorkit: toypkg imported: toy_toypkg now in place\n" in done.stderr

@@ -201,3 +201,30 @@ def test_a_failing_canary_names_the_repair_to_retire():
         "step_function"
     ]
     assert repairs_checked_by("tests/test_compat.py::test_no_such_test[case]") == []
+
+
+def test_the_closing_summary_names_the_repairs_to_retire():
+    """CI's legs end with the repairs whose canaries no longer see the bug (conftest)."""
+    import types
+
+    from conftest import canary_summary
+
+    def report(nodeid, outcome):
+        return types.SimpleNamespace(
+            nodeid=nodeid,
+            when="call",
+            keywords={"upstream": 1},
+            passed=outcome == "passed",
+            failed=outcome == "failed",
+        )
+
+    stats = {
+        "passed": [report("tests/test_compat.py::test_jit_compile_fails_upstream", "passed")],
+        "failed": [report("tests/test_compat.py::test_string_inputs_fail_upstream", "failed")],
+    }
+    lines = canary_summary(stats)
+    assert "1 repairs still needed (step_function)" in lines[0], lines
+    assert lines[-1] == (
+        "retire now: symbolic_build (tests/test_compat.py::test_string_inputs_fail_upstream)"
+    ), lines
+    assert canary_summary({"passed": []}) == []

@@ -18,6 +18,11 @@ import tensorflow as tf
 from mirrorkit.cluster import cluster_info
 
 
+def every_strategy(strategy: object) -> bool:
+    """True: for a repair every strategy needs (its ``applies_to``), one device's too."""
+    return True
+
+
 def is_multi_worker(strategy: object) -> bool:
     """Whether `strategy` is a `tf.distribute.MultiWorkerMirroredStrategy` (of any size)."""
     return isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy)

@@ -1,21 +1,21 @@
 """Repairs for Keras 3 where it breaks under tf.distribute.
 
-Each repair lives in its own module of this package, which declares it (``REPAIR``, or
+Each repair lives in its own module of this package, which defines it (``REPAIR``, or
 ``REPAIRS`` for several) with its target, its upstream issue and the strategies it applies
-to; `REPAIRS` collects them from the modules, so a new repair is its module, its test and
-its account on the Keras repairs page (docs: compat/), which gives each failure's symptom,
-upstream report and repair. A repair is applied only where a strategy needs it:
-`mk.strategy()` calls `enable` on the strategy it returns, and users who build their own
-`tf.distribute` strategies call `enable()` themselves. Applying is idempotent; the chief
-says once per process how many repairs are active (`active()` names them, `describe()`
-says what each replaces and why).
+to; `mirrorkit.patching.catalogue` reads every module of this package and the modules of
+the parts of mirrorkit that patch Keras (`REPAIRS` is what it found), so a new repair is
+its module, its canary test and its account on the Keras repairs page (docs: compat/),
+which gives each failure's symptom, upstream report and repair. A repair is applied only
+where a strategy needs it: `mk.strategy()` calls `enable` on the strategy it returns, and
+users who build their own `tf.distribute` strategies call `enable()` themselves, with the
+same result. Applying is idempotent; the chief says once per process that the repairs are
+active (`active()` names them, `describe()` says what each replaces and why).
 """
 
 from __future__ import annotations
 
-import importlib
-import pkgutil
 import sys
+from typing import Any
 
 import keras
 import tensorflow as tf
@@ -24,33 +24,17 @@ from mirrorkit import versions
 from mirrorkit.cluster import chief
 from mirrorkit.cluster.workers import spans_replicas
 from mirrorkit.compat import step_record
+from mirrorkit.patching import catalogue, post_import
 from mirrorkit.patching import instance as _instance
-from mirrorkit.patching import post_import
 from mirrorkit.patching import repair as _repair
-from mirrorkit.patching.repair import SCOPED, Repair
+from mirrorkit.patching.repair import SCOPED, WITH_ENABLE, Repair
 
 
-def _declared_in_modules() -> tuple[Repair, ...]:
-    """The repairs this package's modules declare, ordered by name (as `active` lists them).
-
-    `enable` applies them in this order. Two repairs of one internal (``one_device_step``
-    and ``step_function``, both of ``TensorFlowTrainer._make_function``) wrap each other by
-    their declared `Repair.place`, whatever order they are applied in.
-    """
-    found: list[Repair] = []
-    for module_info in sorted(pkgutil.iter_modules(__path__), key=lambda info: info.name):
-        if module_info.name.startswith("_"):
-            continue
-        module = importlib.import_module(f"{__name__}.{module_info.name}")
-        declared = vars(module).get("REPAIRS") or (
-            (vars(module)["REPAIR"],) if isinstance(vars(module).get("REPAIR"), Repair) else ()
-        )
-        found.extend(declared)
-    return tuple(_repair.register(repair) for repair in sorted(found, key=lambda r: r.name))
-
-
-#: Every repair `enable` applies where a strategy needs it, from the modules that declare them.
-REPAIRS: tuple[Repair, ...] = _declared_in_modules()
+def __getattr__(name: str) -> Any:
+    """``REPAIRS``: every repair `mirrorkit.patching.catalogue` names, read when first asked."""
+    if name == "REPAIRS":
+        return catalogue.repairs()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def enable(strategy: tf.distribute.Strategy | None = None) -> list[str]:
@@ -72,17 +56,15 @@ def enable(strategy: tf.distribute.Strategy | None = None) -> list[str]:
     ```
     """
     _check_keras_version()
-    for repair in REPAIRS:
-        if strategy is None or repair.applies_to(strategy):
+    for repair in catalogue.repairs():
+        if repair.when == WITH_ENABLE and (strategy is None or repair.applies_to(strategy)):
             apply_when_imported(repair)
-    _repair.enable_declared(strategy)  # what parts of mirrorkit declared for such strategies
     names = active()
     if names:
-        repairs = "repair" if len(names) == 1 else "repairs"
         chief.say_once(
             "compat-repairs",
-            f"{len(names)} Keras {repairs} active (keras {keras.__version__}); "
-            "mirrorkit.compat.active() lists them",
+            f"Keras {keras.__version__} repaired for tf.distribute; "
+            "mirrorkit.compat.active() lists the repairs",
         )
     return names
 
@@ -125,11 +107,7 @@ def _apply_imported() -> None:
         _WAITING_FOR_IMPORT.remove(repair)
     if applied:
         packages = ", ".join(sorted({repair.package for repair in imported}))
-        count = len(active())
-        chief.say(
-            f"{packages} imported: {', '.join(applied)} now in place "
-            f"({count} Keras {'repair' if count == 1 else 'repairs'} active)"
-        )
+        chief.say(f"{packages} imported: {', '.join(applied)} now in place")
 
 
 def disable() -> None:
@@ -143,9 +121,7 @@ def disable() -> None:
     """
     _instance.remove_all()
     _WAITING_FOR_IMPORT.clear()  # a later import applies nothing
-    for scoped in reversed(list(SCOPED)):
-        _repair.remove_scoped(scoped)
-    _repair.remove_all()
+    _repair.remove_all()  # the scoped ones first
 
 
 def active() -> list[str]:
@@ -160,13 +136,14 @@ def active() -> list[str]:
     part of mirrorkit needs it (``input_clock.*`` while a ``ThroughputCallback`` is
     installed); `describe` says why each is there.
     """
-    return [repair.name for repair in _in_place()] + [repair.name for repair in SCOPED]
+    return [repair.name for repair in _in_place()]
 
 
 def _in_place() -> list[Repair]:
-    """The repairs in place: `REPAIRS`' first, in its order, then the others as applied."""
-    applied = _repair.applied()
-    return [r for r in REPAIRS if r in applied] + [r for r in applied if r not in REPAIRS]
+    """The repairs in place: in the catalogue's order, then others applied, then the scoped."""
+    lasting = [repair for repair in catalogue.repairs() if repair.active]
+    others = [r for r in _repair.applied() if not any(r is k for k in lasting)]
+    return lasting + others + list(SCOPED)
 
 
 def describe() -> list[dict[str, str]]:
@@ -190,21 +167,25 @@ def describe() -> list[dict[str, str]]:
     ```
     """
     rows = []
-    for repair in _in_place() + list(SCOPED):
+    for repair in _in_place():
         if repair in SCOPED:
             applies = "while the part of mirrorkit that needs it runs"
         elif repair.applied_when:
             applies = repair.applied_when
-        elif repair not in REPAIRS:
+        elif repair.when != WITH_ENABLE:
             applies = "from the first use of the part of mirrorkit that needs it"
         elif repair.package not in ("keras", "tensorflow"):
             applies = f"once {repair.package} is imported"
         elif repair.fixed_in:
             applies = f"Keras before {repair.fixed_in}, which fixed it (now {keras.__version__})"
+        elif repair.feature:
+            applies = f"mirrorkit's own, with mk.strategy() or compat.enable: {repair.feature}"
         elif repair.checks_keras:
             applies = f"Keras {keras.__version__} still has the bug (its canary read the code)"
         else:
             applies = f"every Keras mirrorkit supports (now {keras.__version__})"
+        if not repair.in_place:  # read from the attribute itself
+            applies += "; wrapped or replaced since by code that is not mirrorkit's"
         if repair.name == "optimizer_step" and step_record.runs():
             applies += f"; the last steps ran: {step_record.runs()}"
         rows.append(

@@ -21,6 +21,7 @@ from __future__ import annotations
 import functools
 
 from mirrorkit import internals
+from mirrorkit.cluster.workers import every_strategy
 from mirrorkit.patching.repair import Repair
 
 
@@ -46,7 +47,7 @@ REPAIR = Repair(
     module="keras.src.callbacks.backup_and_restore",
     target="BackupAndRestore.on_epoch_begin",
     replacement=_on_epoch_begin,
-    applies_to=lambda strategy: True,  # Keras's bug on one device too
+    applies_to=every_strategy,  # Keras's bug on one device too
     account="the-epoch-a-resumed-fit-is-in",
     tests=(
         "tests/test_restart.py::test_the_tutorials_keras_backup_resumes_a_shuffled_input_in_its_uninterrupted_orders",

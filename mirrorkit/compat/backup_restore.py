@@ -38,6 +38,7 @@ import shutil
 import tempfile
 
 from mirrorkit import backup_files
+from mirrorkit.cluster.workers import every_strategy
 from mirrorkit.feeding import input_position
 from mirrorkit.patching.repair import Repair
 
@@ -83,7 +84,7 @@ REPAIR = Repair(
     module="keras.src.callbacks.backup_and_restore",
     target="BackupAndRestore._load_model",
     replacement=_load_model,
-    applies_to=lambda strategy: True,
+    applies_to=every_strategy,
     account="a-backup-in-the-middle-of-an-epoch",
     tests=(
         "tests/test_step_backup.py::test_a_step_backup_resumes_at_its_step_equal_to_an_uninterrupted_run",

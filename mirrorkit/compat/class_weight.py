@@ -16,6 +16,7 @@ from typing import Any
 
 from mirrorkit import distributed_data
 from mirrorkit.cluster import chief
+from mirrorkit.cluster.workers import every_strategy
 from mirrorkit.patching.repair import Repair
 
 
@@ -42,7 +43,7 @@ REPAIR = Repair(
     module="keras.src.trainers.data_adapters",
     target="get_data_adapter",
     replacement=_replacement,
-    applies_to=lambda strategy: True,
+    applies_to=every_strategy,
     account="class-weights-on-a-distributed-dataset",
     tests=(
         "tests/test_distribute.py::test_class_weight_without_the_repair_is_keras_attribute_error",

@@ -26,6 +26,7 @@ import sys
 
 import tensorflow as tf
 
+from mirrorkit.cluster.workers import every_strategy
 from mirrorkit.patching.repair import Repair
 
 _PIPELINE = "keras_hub.src.utils.pipeline_model"
@@ -73,7 +74,7 @@ REPAIR = Repair(
     module=_PIPELINE,
     target="_build_dataset",
     replacement=_replacement,
-    applies_to=lambda strategy: True,  # mk.distribute's input is distributed on every strategy
+    applies_to=every_strategy,  # mk.distribute's input is distributed on every strategy
     needed=lambda: "keras_hub" in sys.modules,
     account="keras-hub-tasks",
     tests=(

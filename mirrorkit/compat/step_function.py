@@ -38,7 +38,7 @@ import tensorflow as tf
 from mirrorkit import internals
 from mirrorkit.cluster import chief
 from mirrorkit.cluster.workers import spans_replicas
-from mirrorkit.patching.repair import Repair, scoped
+from mirrorkit.patching.repair import SCOPED_WHILE, Repair, scoped
 
 #: The name of the per-step closure inside Keras's ``_make_function``.
 _STEP_CLOSURE = "one_step_on_data"
@@ -80,6 +80,7 @@ def step_compiled_as(inline: bool) -> Iterator[_InlineStepTF]:
         target="tf",
         replacement=lambda keras_tf: proxy,
         applies_to=spans_replicas,
+        when=SCOPED_WHILE,
     )
     with scoped(swap):
         yield proxy

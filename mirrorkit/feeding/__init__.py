@@ -9,13 +9,7 @@ mirrorkit's own patches of Keras for its inputs, none of them a repair of a Kera
 - `validation_split`: ``fit(validation_split=)`` on a distributed dataset raises an error that
   says how to split it.
 
-Each declares its patches where it is defined (`mirrorkit.patching.repair.declare`, or
-`register` for the one applied on first use), and ``mk.compat.describe()`` lists them
-with the feature that needs them.
+Each defines its patches where it is, each saying when it goes in place; the catalogue
+(`mirrorkit.patching.catalogue`) names these modules, and ``mk.compat.describe()`` lists
+the patches with the feature that needs them.
 """
-
-from mirrorkit.feeding import (  # noqa: F401 - importing the package declares them all
-    fit_epoch,
-    one_iterator,
-    validation_split,
-)

@@ -22,8 +22,9 @@ import functools
 from collections.abc import Callable
 from typing import Any
 
+from mirrorkit.cluster.workers import every_strategy
 from mirrorkit.patching import attached
-from mirrorkit.patching.repair import Repair, register
+from mirrorkit.patching.repair import ON_FIRST_USE, Repair
 
 #: Called with (the CallbackList, the epoch Keras begins, whether it is this fit's first).
 Listener = Callable[[Any, int, bool], None]
@@ -64,22 +65,21 @@ def _on_epoch_begin(original):
     return on_epoch_begin
 
 
-REPAIR = register(  # applied by the first `listen` (a shuffled mk.distribute input)
-    Repair(
-        name="fit_epoch",
-        upstream="none (mirrorkit's own: the data is not told the epoch fit begins)",
-        module="keras.callbacks",
-        target="CallbackList.on_epoch_begin",
-        replacement=_on_epoch_begin,
-        applies_to=lambda strategy: True,
-        applied_when="with the first shuffled mk.distribute input",
-        feature="the epoch each fit begins, for mk.distribute's shuffled orders",
-        account="the-epoch-a-resumed-fit-is-in",
-        tests=(
-            "tests/test_restart.py::test_the_tutorials_keras_backup_resumes_a_shuffled_input_in_its_uninterrupted_orders",
-            "tests/test_rescale.py::test_keras_own_backup_and_initial_epoch_resume_a_shuffled_input_in_its_orders",
-            "tests/test_rescale.py::test_keras_step_backups_in_a_resumed_epoch_record_that_epoch",
-            "tests/test_compat.py::test_the_epoch_hook_a_shuffled_input_puts_in_place_is_listed_and_removed",
-        ),
-    )
+REPAIR = Repair(  # applied by the first `listen` (a shuffled mk.distribute input)
+    name="fit_epoch",
+    upstream="none (mirrorkit's own: the data is not told the epoch fit begins)",
+    module="keras.callbacks",
+    target="CallbackList.on_epoch_begin",
+    replacement=_on_epoch_begin,
+    applies_to=every_strategy,
+    when=ON_FIRST_USE,
+    applied_when="with the first shuffled mk.distribute input",
+    feature="the epoch each fit begins, for mk.distribute's shuffled orders",
+    account="the-epoch-a-resumed-fit-is-in",
+    tests=(
+        "tests/test_restart.py::test_the_tutorials_keras_backup_resumes_a_shuffled_input_in_its_uninterrupted_orders",
+        "tests/test_rescale.py::test_keras_own_backup_and_initial_epoch_resume_a_shuffled_input_in_its_orders",
+        "tests/test_rescale.py::test_keras_step_backups_in_a_resumed_epoch_record_that_epoch",
+        "tests/test_compat.py::test_the_epoch_hook_a_shuffled_input_puts_in_place_is_listed_and_removed",
+    ),
 )

@@ -42,9 +42,10 @@ import tensorflow as tf
 
 from mirrorkit import distributed_data, internals
 from mirrorkit.cluster import chief
+from mirrorkit.cluster.workers import every_strategy
 from mirrorkit.feeding import fit_epoch
 from mirrorkit.patching import attached, instance
-from mirrorkit.patching.repair import Repair, register
+from mirrorkit.patching.repair import ON_FIRST_USE, Repair
 
 _PENDING = "input_position.pending"  # the position a restore in this fit handed over
 _VERDICT = "input_position.verdict"  # the last training input's `Verdict`
@@ -368,19 +369,18 @@ def _enumerate_iterator(original):
     return enumerate_iterator
 
 
-REPAIR = register(  # applied by the first `resume_at` (a restore that holds a step)
-    Repair(
-        name="input_position",
-        upstream="none (Keras resumes an epoch at its first step: docs: resume/)",
-        module="keras.src.trainers.epoch_iterator",
-        target="EpochIterator._enumerate_iterator",
-        replacement=_enumerate_iterator,
-        applies_to=lambda strategy: True,
-        applied_when="with the first backup restored in the middle of an epoch",
-        feature="a resumed fit begins at its backup's step (mk.resumable, BackupAndRestore)",
-        account="a-backup-in-the-middle-of-an-epoch",
-        tests=(
-            "tests/test_step_backup.py::test_a_step_backup_resumes_at_its_step_equal_to_an_uninterrupted_run",
-        ),
-    )
+REPAIR = Repair(  # applied by the first `resume_at` (a restore that holds a step)
+    name="input_position",
+    upstream="none (Keras resumes an epoch at its first step: docs: resume/)",
+    module="keras.src.trainers.epoch_iterator",
+    target="EpochIterator._enumerate_iterator",
+    replacement=_enumerate_iterator,
+    applies_to=every_strategy,
+    when=ON_FIRST_USE,
+    applied_when="with the first backup restored in the middle of an epoch",
+    feature="a resumed fit begins at its backup's step (mk.resumable, BackupAndRestore)",
+    account="a-backup-in-the-middle-of-an-epoch",
+    tests=(
+        "tests/test_step_backup.py::test_a_step_backup_resumes_at_its_step_equal_to_an_uninterrupted_run",
+    ),
 )

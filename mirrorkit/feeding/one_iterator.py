@@ -43,7 +43,8 @@ import tensorflow as tf
 
 from mirrorkit import distributed_data, internals
 from mirrorkit.cluster import chief
-from mirrorkit.patching.repair import Repair, declare
+from mirrorkit.cluster.workers import every_strategy
+from mirrorkit.patching.repair import Repair
 
 _USED_FOR = "the one_iterator repair (one validation iterator per fit)"
 _TRAINER = "keras.src.backend.tensorflow.trainer"
@@ -208,94 +209,84 @@ def _get_iterator_replacement(original):
 
 _UPSTREAM = "Keras's EpochIterator (one iterator only with steps_per_epoch)"
 
-#: When they are put in place: `compat.enable` applies them once this module is imported.
-_APPLIED_WHEN = "with mk.strategy(), mk.build or mk.distribute"
 #: Why mirrorkit patches fit here: none of these repairs a Keras bug.
 _FEATURE = "one distributed iterator per fit (and across evaluate/predict calls)"
 
-REPAIRS = tuple(
-    declare(repair)  # compat.enable applies them (mk.strategy() imports this module)
-    for repair in (
-        Repair(
-            name="one_iterator",
-            upstream=_UPSTREAM,
-            module=_TRAINER,
-            target="TensorFlowTrainer.fit",
-            replacement=_replacement,
-            applies_to=lambda strategy: True,  # mk.distribute's input is distributed everywhere
-            feature=_FEATURE,
-            applied_when=_APPLIED_WHEN,
-            account="one-iterator-per-fit",
-            tests=(
-                "tests/test_one_iterator.py::test_fit_made_an_iterator_per_epoch_before",
-                "tests/test_one_iterator.py::test_fit_makes_one_training_and_one_validation_iterator",
-                "tests/test_one_iterator.py::test_one_iterator_trains_as_an_iterator_per_epoch",
-                "tests/test_one_iterator.py::test_steps_per_execution_never_reads_into_the_next_epoch",
-                "tests/test_one_iterator.py::test_the_twin_gives_each_epoch_the_order_of_that_epoch",
-                "tests/test_one_iterator.py::test_a_fit_given_its_own_steps_and_a_plain_dataset_are_left_alone",
-            ),
+REPAIRS = (  # compat.enable applies them, on every strategy (mirrorkit.patching.catalogue)
+    Repair(
+        name="one_iterator",
+        upstream=_UPSTREAM,
+        module=_TRAINER,
+        target="TensorFlowTrainer.fit",
+        replacement=_replacement,
+        applies_to=every_strategy,  # mk.distribute's input is distributed everywhere
+        feature=_FEATURE,
+        account="one-iterator-per-fit",
+        tests=(
+            "tests/test_one_iterator.py::test_fit_made_an_iterator_per_epoch_before",
+            "tests/test_one_iterator.py::test_fit_makes_one_training_and_one_validation_iterator",
+            "tests/test_one_iterator.py::test_one_iterator_trains_as_an_iterator_per_epoch",
+            "tests/test_one_iterator.py::test_steps_per_execution_never_reads_into_the_next_epoch",
+            "tests/test_one_iterator.py::test_the_twin_gives_each_epoch_the_order_of_that_epoch",
+            "tests/test_one_iterator.py::test_a_fit_given_its_own_steps_and_a_plain_dataset_are_left_alone",
         ),
-        Repair(
-            name="one_iterator_validation",
-            upstream=_UPSTREAM,
-            module="keras.src.trainers.epoch_iterator",
-            target="EpochIterator.reset",
-            replacement=_reset_replacement,
-            applies_to=lambda strategy: True,
-            feature=_FEATURE,
-            applied_when=_APPLIED_WHEN,
-            account="one-iterator-per-fit",
-            tests=(
-                "tests/test_one_iterator.py::test_fit_made_an_iterator_per_epoch_before",
-                "tests/test_one_iterator.py::test_fit_makes_one_training_and_one_validation_iterator",
-            ),
+    ),
+    Repair(
+        name="one_iterator_validation",
+        upstream=_UPSTREAM,
+        module="keras.src.trainers.epoch_iterator",
+        target="EpochIterator.reset",
+        replacement=_reset_replacement,
+        applies_to=every_strategy,
+        feature=_FEATURE,
+        account="one-iterator-per-fit",
+        tests=(
+            "tests/test_one_iterator.py::test_fit_made_an_iterator_per_epoch_before",
+            "tests/test_one_iterator.py::test_fit_makes_one_training_and_one_validation_iterator",
         ),
-        Repair(
-            name="one_iterator_evaluate",
-            upstream=_UPSTREAM,
-            module=_TRAINER,
-            target="TensorFlowTrainer.evaluate",
-            replacement=lambda original: _across_calls_replacement(original, "stop_evaluating"),
-            applies_to=lambda strategy: True,
-            feature=_FEATURE,
-            applied_when=_APPLIED_WHEN,
-            account="one-iterator-per-fit",
-            tests=(
-                "tests/test_one_iterator.py::test_evaluate_and_predict_keep_one_iterator_across_calls",
-                "tests/test_one_iterator.py::test_a_call_stopped_part_way_gives_its_iterator_up",
-                "tests/test_one_iterator.py::test_a_shuffled_dataset_and_given_steps_keep_an_iterator_per_call",
-            ),
+    ),
+    Repair(
+        name="one_iterator_evaluate",
+        upstream=_UPSTREAM,
+        module=_TRAINER,
+        target="TensorFlowTrainer.evaluate",
+        replacement=lambda original: _across_calls_replacement(original, "stop_evaluating"),
+        applies_to=every_strategy,
+        feature=_FEATURE,
+        account="one-iterator-per-fit",
+        tests=(
+            "tests/test_one_iterator.py::test_evaluate_and_predict_keep_one_iterator_across_calls",
+            "tests/test_one_iterator.py::test_a_call_stopped_part_way_gives_its_iterator_up",
+            "tests/test_one_iterator.py::test_a_shuffled_dataset_and_given_steps_keep_an_iterator_per_call",
         ),
-        Repair(
-            name="one_iterator_predict",
-            upstream=_UPSTREAM,
-            module=_TRAINER,
-            target="TensorFlowTrainer.predict",
-            replacement=lambda original: _across_calls_replacement(original, "stop_predicting"),
-            applies_to=lambda strategy: True,
-            feature=_FEATURE,
-            applied_when=_APPLIED_WHEN,
-            account="one-iterator-per-fit",
-            tests=(
-                "tests/test_one_iterator.py::test_evaluate_and_predict_keep_one_iterator_across_calls",
-                "tests/test_one_iterator.py::test_a_call_stopped_part_way_gives_its_iterator_up",
-            ),
+    ),
+    Repair(
+        name="one_iterator_predict",
+        upstream=_UPSTREAM,
+        module=_TRAINER,
+        target="TensorFlowTrainer.predict",
+        replacement=lambda original: _across_calls_replacement(original, "stop_predicting"),
+        applies_to=every_strategy,
+        feature=_FEATURE,
+        account="one-iterator-per-fit",
+        tests=(
+            "tests/test_one_iterator.py::test_evaluate_and_predict_keep_one_iterator_across_calls",
+            "tests/test_one_iterator.py::test_a_call_stopped_part_way_gives_its_iterator_up",
         ),
-        Repair(
-            name="one_iterator_lend",
-            upstream=_UPSTREAM,
-            module=_TRAINER,
-            target="TFEpochIterator._get_iterator",
-            replacement=_get_iterator_replacement,
-            applies_to=lambda strategy: True,
-            feature=_FEATURE,
-            applied_when=_APPLIED_WHEN,
-            account="one-iterator-per-fit",
-            tests=(
-                "tests/test_one_iterator.py::test_an_unbuilt_model_reading_a_batch_to_build_itself_misses_nothing",
-                "tests/test_one_iterator.py::test_an_iterator_left_reading_does_not_move_the_next_fits_orders",
-                "tests/test_one_iterator.py::test_evaluate_and_predict_keep_one_iterator_across_calls",
-            ),
+    ),
+    Repair(
+        name="one_iterator_lend",
+        upstream=_UPSTREAM,
+        module=_TRAINER,
+        target="TFEpochIterator._get_iterator",
+        replacement=_get_iterator_replacement,
+        applies_to=every_strategy,
+        feature=_FEATURE,
+        account="one-iterator-per-fit",
+        tests=(
+            "tests/test_one_iterator.py::test_an_unbuilt_model_reading_a_batch_to_build_itself_misses_nothing",
+            "tests/test_one_iterator.py::test_an_iterator_left_reading_does_not_move_the_next_fits_orders",
+            "tests/test_one_iterator.py::test_evaluate_and_predict_keep_one_iterator_across_calls",
         ),
-    )
+    ),
 )

@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-from mirrorkit.patching.repair import Repair, declare
+from mirrorkit.cluster.workers import every_strategy
+from mirrorkit.patching.repair import Repair
 
 _DISTRIBUTED = (tf.distribute.DistributedDataset, tf.data.Dataset)
 
@@ -36,20 +37,17 @@ def _replacement(original):
     return train_validation_split
 
 
-REPAIR = declare(  # compat.enable applies it (mk.strategy() imports this module)
-    Repair(
-        name="validation_split_message",
-        upstream="Keras (validation_split slices arrays only)",
-        module="keras.src.trainers.data_adapters.array_slicing",
-        target="train_validation_split",
-        replacement=_replacement,
-        applies_to=lambda strategy: True,
-        feature="an error that says how to split a distributed dataset",
-        applied_when="with mk.strategy(), mk.build or mk.distribute",
-        account="validation_split-on-a-distributed-dataset",
-        tests=(
-            "tests/test_conformance.py::test_two_replicas[validation_split_distributed-error]",
-            "tests/test_errors_table.py::test_row_still_gets_its_error[fit-validation-split-dataset]",
-        ),
-    )
+REPAIR = Repair(  # compat.enable applies it, on every strategy (mirrorkit.patching.catalogue)
+    name="validation_split_message",
+    upstream="Keras (validation_split slices arrays only)",
+    module="keras.src.trainers.data_adapters.array_slicing",
+    target="train_validation_split",
+    replacement=_replacement,
+    applies_to=every_strategy,
+    feature="an error that says how to split a distributed dataset",
+    account="validation_split-on-a-distributed-dataset",
+    tests=(
+        "tests/test_conformance.py::test_two_replicas[validation_split_distributed-error]",
+        "tests/test_errors_table.py::test_row_still_gets_its_error[fit-validation-split-dataset]",
+    ),
 )

@@ -1,26 +1,40 @@
 """One repair of Keras: what it replaces and why (each one's account: docs: compat/).
 
-Every patch mirrorkit makes to TensorFlow or Keras is a `Repair`: the process-wide
-ones in `mirrorkit.compat.REPAIRS`, applied by ``compat.enable``; the ones a part
-of mirrorkit needs for a while (``ThroughputCallback``'s input clock while it is
-installed, the step compiler during a trace, a strategy's collective keys during
-its construction) through `scoped` / `apply_scoped`, which keep them listed in
-``compat.active()`` while they are in place.
+Every patch mirrorkit makes to a TensorFlow or Keras module or class is a `Repair`, which
+says when it goes in place (`Repair.when`): with ``compat.enable`` for the strategies it
+applies to (`WITH_ENABLE`; a repair of another package waits for that package's import), on
+the first use of the part of mirrorkit that needs it (`ON_FIRST_USE`), or while a part of
+mirrorkit runs (`SCOPED`: ``ThroughputCallback``'s input clock while it is installed, the
+step compiler during a trace, a strategy's collective keys during its construction, through
+`scoped` / `apply_scoped`). The process-wide ones are defined at module level in the modules
+`mirrorkit.patching.catalogue` names.
 
-Each attribute that process-wide repairs replace has one owner (`_Internal`): where two
+Each replaced attribute has one owner (`_Internal`), scoped repairs included: where two
 repairs need the same Keras function, it composes their replacements by their declared
-`Repair.place`, never in the order they happened to be applied.
+`Repair.place` (scoped ones above, innermost scope on top), never in the order they happened
+to be applied.
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
-import weakref
+import itertools
 from collections.abc import Callable, Iterator
 from typing import Any
 
 from mirrorkit import internals
+
+#: `Repair.when`: ``compat.enable`` puts it in place for a strategy it applies to
+#: (``mk.strategy()`` calls it); a repair of another package than Keras and TensorFlow waits
+#: for that package's import.
+WITH_ENABLE = "with compat.enable"
+#: `Repair.when`: the part of mirrorkit that needs it puts it in place on its first use
+#: (`Repair.applied_when` says which), and it stays.
+ON_FIRST_USE = "on first use"
+#: `Repair.when`: in place only while a part of mirrorkit runs (`scoped`, `apply_scoped`).
+SCOPED_WHILE = "while a part of mirrorkit runs"
+WHEN = (WITH_ENABLE, ON_FIRST_USE, SCOPED_WHILE)
 
 
 def _release(version: str) -> tuple[int, ...]:
@@ -71,7 +85,13 @@ class Repair:
             lowest wraps Keras's own function, the highest is what Keras calls. One
             `_Internal` owns each replaced attribute and composes its repairs by place,
             whatever order they are applied or removed in; two repairs of one internal
-            must declare different places.
+            must declare different places. Scoped repairs go above the others, each new scope
+            on top.
+        when: when it goes in place: `WITH_ENABLE` (the default), `ON_FIRST_USE` or
+            `SCOPED_WHILE`.
+        applied_when: what ``compat.describe`` says of when it is put in place, where that
+            is not ``compat.enable`` for a strategy it applies to (``"with the first step
+            hook"``).
     """
 
     name: str
@@ -86,6 +106,8 @@ class Repair:
     fixed_in: str = ""
     feature: str = ""
     place: int = 0
+    when: str = WITH_ENABLE
+    applied_when: str = ""
     #: Keras's own function under it (None while the repair is not in place).
     original: Any = None
     #: Whether the owner held the target itself (not inherited from a base class).
@@ -97,9 +119,10 @@ class Repair:
     #: even if the dotted path names another object by then (``tensorflow.nn`` is one module
     #: object or another, depending on how it was imported).
     owner: Any = None
-    #: When it is put in place, where that is not `compat.enable` for a strategy it applies
-    #: to (``"with the first step hook"``): what `compat.describe` says.
-    applied_when: str = ""
+    #: The module of mirrorkit that defines it (set by `mirrorkit.patching.catalogue`).
+    defined_in: str = ""
+    #: For a scoped repair in place: its order among the scopes (the latest is on top).
+    scope_order: int = 0
 
     @property
     def checks_keras(self) -> bool:
@@ -117,8 +140,20 @@ class Repair:
 
     @property
     def active(self) -> bool:
-        """Whether the replacement is in place."""
-        return self.original is not None
+        """Whether mirrorkit put the replacement in place (and has not removed it)."""
+        return self.owner is not None
+
+    @property
+    def in_place(self) -> bool:
+        """Whether its module or class holds this repair's replacement now.
+
+        Read from the attribute itself (under the other repairs of the same internal): what
+        ``compat.describe`` lists.
+        """
+        if self.owner is None:
+            return False
+        internal = _INTERNALS.get((id(self.owner), self.target.split(".")[-1]))
+        return internal is not None and internal.holds(self)
 
     def _owner_and_attr(self) -> tuple[Any, str]:
         """The class or module that holds the target, and the attribute's name.
@@ -165,14 +200,18 @@ class Repair:
                 "what it repairs fails as in plain Keras",
             )
             return False
+        self._compose_into(owner, attr)
+        _APPLIED.append(self)
+        return True
+
+    def _compose_into(self, owner: Any, attr: str) -> None:
+        """Adds this repair to the owner of ``owner.attr`` (made if it is the first)."""
         internal = _INTERNALS.get((id(owner), attr)) or _Internal(owner, attr)
         internal.compose([*internal.repairs, self], self)  # may raise InternalChangedError
         _INTERNALS[(id(owner), attr)] = internal
         self.original = internal.original
         self.owned = internal.owned
         self.owner = owner
-        _APPLIED.append(self)
-        return True
 
     def remove(self) -> None:
         """Takes the replacement away; Keras's original is back when it was the last one.
@@ -192,15 +231,19 @@ class Repair:
         self.original = None
         self.installed = None
         self.owner = None
-        _APPLIED.remove(self)
+        if self in _APPLIED:
+            _APPLIED.remove(self)
+        if self in SCOPED:
+            SCOPED.remove(self)
 
 
 class _Internal:
     """One replaced attribute of Keras or TensorFlow, and the repairs composed over it.
 
     It is the attribute's one owner: it keeps Keras's original and puts in place the
-    replacements of its repairs, each wrapping the one below it by `Repair.place`, so that
-    what Keras calls does not depend on the order the repairs came in or went in.
+    replacements of its repairs, each wrapping the one below it by `Repair.place` (the
+    scoped ones above the others, the latest scope on top), so that what Keras calls does
+    not depend on the order the repairs came in or went in.
 
     Args:
         owner: the module or class holding the attribute.
@@ -216,6 +259,13 @@ class _Internal:
         self.repairs: list[Repair] = []
         self.installed: Any = None
 
+    def holds(self, repair: Repair) -> bool:
+        """Whether the attribute now holds this owner's composition, `repair` in it."""
+        return (
+            any(r is repair for r in self.repairs)
+            and vars(self.owner).get(self.attr, _ABSENT) is self.installed
+        )
+
     def compose(self, repairs: list[Repair], changing: Repair) -> None:
         """Puts `repairs` in place over the original, by place (Keras's own when none).
 
@@ -225,19 +275,20 @@ class _Internal:
 
         Raises:
             RuntimeError: the attribute is no longer what this owner put there.
-            ValueError: two of `repairs` declare the same place.
+            ValueError: two of `repairs` that are not scoped declare the same place.
         """
-        if self.repairs and vars(self.owner).get(self.attr) is not self.installed:
+        if self.repairs and vars(self.owner).get(self.attr, _ABSENT) is not self.installed:
             raise RuntimeError(
                 f"the '{changing.name}' repair of {changing.module}.{changing.target} cannot "
                 "change while a replacement that is not a repair wraps it: remove that first "
                 "(mirrorkit.compat.disable() removes every repair)"
             )
-        ordered = sorted(repairs, key=lambda repair: repair.place)
-        places = [repair.place for repair in ordered]
+        ordered = sorted(repairs, key=_layer)
+        lasting = [repair for repair in ordered if repair.when != SCOPED_WHILE]
+        places = [repair.place for repair in lasting]
         if len(set(places)) < len(places):
             raise ValueError(
-                f"repairs {[r.name for r in ordered]} of {changing.module}.{changing.target} "
+                f"repairs {[r.name for r in lasting]} of {changing.module}.{changing.target} "
                 f"declare places {places}: give each its own place (Repair.place) so that "
                 "their order is declared"
             )
@@ -256,6 +307,15 @@ class _Internal:
         self.repairs, self.installed = ordered, function if ordered else None
 
 
+def _layer(repair: Repair) -> tuple[int, int, int]:
+    """Where `repair` goes in its internal's composition: lasting ones by place, scopes above."""
+    scoped = repair.when == SCOPED_WHILE
+    return (int(scoped), repair.scope_order if scoped else 0, repair.place)
+
+
+#: Stands for "the module or class has no attribute of its own by that name".
+_ABSENT = object()
+
 #: The scoped repairs in place now, in the order they were applied.
 SCOPED: list[Repair] = []
 
@@ -263,6 +323,8 @@ SCOPED: list[Repair] = []
 _APPLIED: list[Repair] = []
 #: The owner of each replaced attribute, by (id of its module or class, attribute name).
 _INTERNALS: dict[tuple[int, str], _Internal] = {}
+#: Numbers the scopes, so the latest one goes on top.
+_SCOPES = itertools.count(1)
 
 
 def applied() -> list[Repair]:
@@ -270,130 +332,38 @@ def applied() -> list[Repair]:
     return list(_APPLIED)
 
 
-#: Repairs a part of mirrorkit declares for the strategies `compat.enable` is called for,
-#: besides compat's own (`declare`), in the order declared.
-_DECLARED: list[Repair] = []
-#: Whether `compat.enable` was called for every strategy (None) since the last `disable`.
-_ENABLED_FOR_ALL = [False]
-#: The strategies `compat.enable` was called for since then, held weakly: a strategy the
-#: user dropped is not kept alive for a repair declared later.
-_ENABLED: weakref.WeakSet = weakref.WeakSet()
-
-
-#: Every repair a module of mirrorkit defines (compat's, the declared ones, those a part of
-#: mirrorkit applies on first use), in the order their modules registered them; not the
-#: scoped ones, made per call.
-_KNOWN: list[Repair] = []
-
-
-def register(repair: Repair) -> Repair:
-    """Lists `repair` among mirrorkit's repairs (`known`), where it is defined.
-
-    For a repair that a part of mirrorkit applies itself on first use (`declare` registers
-    the ones `compat.enable` applies; ``compat`` registers its own).
-
-    Args:
-        repair: the repair.
-
-    Returns:
-        `repair`, for ``REPAIR = register(Repair(...))``.
-
-    Example:
-    ```python
-    from mirrorkit.patching.repair import known
-
-    print([repair.name for repair in known()][:3])
-    ```
-    """
-    if not any(repair is seen for seen in _KNOWN):
-        _KNOWN.append(repair)
-    return repair
-
-
-def known() -> list[Repair]:
-    """Every repair the imported modules of mirrorkit define, in the order registered.
-
-    ``import mirrorkit.strategies`` and ``mirrorkit.training.step_chain`` import every module
-    that defines one.
-    """
-    return list(_KNOWN)
-
-
-def declare(repair: Repair) -> Repair:
-    """Declares a repair that `compat.enable` applies with its own, where it is defined.
-
-    A part of mirrorkit that changes Keras for every strategy spanning replicas (the notices
-    at ``fit``) declares its repair when it is imported; it is applied at once if
-    `compat.enable` was already called for a strategy it applies to.
-
-    Args:
-        repair: the repair, with `Repair.applies_to` saying which strategies need it.
-
-    Returns:
-        `repair`, for ``REPAIR = declare(Repair(...))``.
-    """
-    register(repair)
-    if not any(repair is seen for seen in _DECLARED):
-        _DECLARED.append(repair)
-        if _ENABLED_FOR_ALL[0] or any(repair.applies_to(strategy) for strategy in list(_ENABLED)):
-            repair.apply()
-    return repair
-
-
-def declared() -> list[Repair]:
-    """The repairs parts of mirrorkit declared for `compat.enable`, in the order declared."""
-    return list(_DECLARED)
-
-
-def enable_declared(strategy: Any) -> None:
-    """Applies the declared repairs `strategy` needs (None: all), now and when declared later."""
-    if strategy is None:
-        _ENABLED_FOR_ALL[0] = True
-    else:
-        _ENABLED.add(strategy)
-    for repair in _DECLARED:
-        if strategy is None or repair.applies_to(strategy):
-            repair.apply()
-
-
 def remove_all() -> None:
-    """Removes every repair in place, in the reverse of the order they were applied."""
-    for repair in reversed(list(_APPLIED)):
+    """Removes every repair in place, scoped ones first, the last applied first."""
+    for repair in reversed(list(SCOPED) + list(_APPLIED)):
         repair.remove()
-    _ENABLED.clear()
-    _ENABLED_FOR_ALL[0] = False
 
 
 def apply_scoped(repair: Repair) -> None:
-    """Applies `repair` until `remove_scoped`; ``compat.active()`` lists it meanwhile.
+    """Applies `repair` (``when=SCOPED_WHILE``) until `remove_scoped`, on top of the others.
+
+    ``compat.active()`` lists it meanwhile. Its attribute's owner composes it with the other
+    repairs of the same internal, as for a lasting repair.
 
     Raises:
         InternalChangedError: the target is missing (a scoped repair is needed, not optional).
+        ValueError: `repair` is not declared ``when=SCOPED_WHILE``.
     """
+    if repair.when != SCOPED_WHILE:
+        raise ValueError(f"the '{repair.name}' repair is not scoped (when={repair.when!r})")
+    if repair.active:
+        return
     owner, attr = repair._owner_and_attr()
     if not hasattr(owner, attr):
         raise internals.changed(f"{repair.module}.{repair.target}", repair.upstream)
-    original = getattr(owner, attr)
-    repair.owned = attr in vars(owner)
-    repair.owner = owner
-    setattr(owner, attr, repair.replacement(original))
-    repair.original = original if original is not None else _NONE
+    repair.scope_order = next(_SCOPES)
+    repair._compose_into(owner, attr)
     SCOPED.append(repair)
 
 
 def remove_scoped(repair: Repair) -> None:
     """Puts back what `apply_scoped` replaced (nothing if it is not in place)."""
-    if repair not in SCOPED:
-        return
-    SCOPED.remove(repair)
-    original = None if repair.original is _NONE else repair.original
-    owner, attr = repair.owner, repair.target.split(".")[-1]
-    if repair.owned:
-        setattr(owner, attr, original)
-    else:
-        delattr(owner, attr)
-    repair.original = None
-    repair.owner = None
+    if repair in SCOPED:
+        repair.remove()
 
 
 @contextlib.contextmanager
@@ -404,7 +374,3 @@ def scoped(repair: Repair) -> Iterator[Repair]:
         yield repair
     finally:
         remove_scoped(repair)
-
-
-#: Stands for an original value of None while a scoped repair is in place.
-_NONE = object()

@@ -19,10 +19,6 @@ from mirrorkit import compat, distributed_data
 from mirrorkit.cluster import chief
 from mirrorkit.cluster import workers as workers_lib
 from mirrorkit.compat import keras_hub_inputs
-from mirrorkit.feeding import (  # noqa: F401 - they declare their patches for compat.enable
-    one_iterator,
-    validation_split,
-)
 from mirrorkit.pipeline import assemble, batch_sizes, batched, repeating, sources, tfds_source
 from mirrorkit.pipeline.options import Options
 from mirrorkit.strategies import current

@@ -15,18 +15,16 @@ train function under several replicas, the chief says once:
   ``strategy.scope()``, or a base model unfrozen since (``trainable = True``
   before compiling again, as the transfer-learning guide does).
 
-The replacement of ``make_train_function`` changes nothing else. It is declared
-(`mirrorkit.patching.repair.declare`): `mk.strategy()` and `mk.build` import this
-module, and `mirrorkit.compat.enable` then applies it with its own repairs for
-every strategy spanning replicas. ``mk.compat.enable(strategy)`` alone, for a
-strategy and a model made without them, does not say these notices.
+The replacement of ``make_train_function`` changes nothing else. This module is in
+`mirrorkit.patching.catalogue`, so `mirrorkit.compat.enable` (which ``mk.strategy()`` calls)
+applies it with the other repairs, for every strategy spanning replicas.
 """
 
 from __future__ import annotations
 
 from mirrorkit.cluster import chief
 from mirrorkit.cluster.workers import spans_replicas
-from mirrorkit.patching.repair import Repair, declare
+from mirrorkit.patching.repair import Repair
 from mirrorkit.scale import batchnorm
 from mirrorkit.scale.custom_step import custom_train_step
 
@@ -57,21 +55,18 @@ def _replacement(original):
     return make_train_function
 
 
-REPAIR = declare(
-    Repair(
-        name="fit_notices",
-        upstream="keras.io guide 'Customizing what happens in fit()'; keras-team/keras#20285",
-        module="keras.src.backend.tensorflow.trainer",
-        target="TensorFlowTrainer.make_train_function",
-        replacement=_replacement,
-        applies_to=spans_replicas,
-        applied_when="with mk.strategy() or mk.build, where the strategy spans replicas",
-        feature="the notices at fit about a custom train_step and batch normalisation",
-        account="losses-in-your-own-train_step",
-        tests=(  # the notices themselves; the failures they name have their own repairs
-            "tests/test_check_equivalence.py::test_the_guide_step_logs_one_device_loss_and_is_told_so",
-            "tests/test_own_train_step.py::test_batch_norm_is_said_at_fit_once_the_base_is_unfrozen",
-            "tests/test_keras_io_examples.py::test_final_weights_as_one_device[transfer_learning]",
-        ),
-    )
+REPAIR = Repair(
+    name="fit_notices",
+    upstream="keras.io guide 'Customizing what happens in fit()'; keras-team/keras#20285",
+    module="keras.src.backend.tensorflow.trainer",
+    target="TensorFlowTrainer.make_train_function",
+    replacement=_replacement,
+    applies_to=spans_replicas,
+    feature="the notices at fit about a custom train_step and batch normalisation",
+    account="losses-in-your-own-train_step",
+    tests=(  # the notices themselves; the failures they name have their own repairs
+        "tests/test_check_equivalence.py::test_the_guide_step_logs_one_device_loss_and_is_told_so",
+        "tests/test_own_train_step.py::test_batch_norm_is_said_at_fit_once_the_base_is_unfrozen",
+        "tests/test_keras_io_examples.py::test_final_weights_as_one_device[transfer_learning]",
+    ),
 )

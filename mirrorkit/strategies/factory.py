@@ -17,16 +17,10 @@ import tensorflow as tf
 from mirrorkit import compat
 from mirrorkit.cluster import chief, legacy_keras, platforms
 from mirrorkit.environment_variables import TF_CONFIG
-from mirrorkit.feeding import (  # noqa: F401 - they declare their patches for compat.enable
-    one_iterator,
-    validation_split,
-)
-from mirrorkit.scale import fit_notices  # noqa: F401 - declares its repair for compat.enable
 from mirrorkit.strategies import (
     allreduce,
     arguments,
     current,
-    keras_distribution,  # noqa: F401 - declares its repairs
     kinds,
     peer_wait,
     tf_logging,

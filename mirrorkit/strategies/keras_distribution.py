@@ -28,7 +28,8 @@ from typing import Any
 import tensorflow as tf
 
 from mirrorkit.cluster import chief, cluster_info, workers
-from mirrorkit.patching.repair import Repair, declare
+from mirrorkit.cluster.workers import every_strategy
+from mirrorkit.patching.repair import Repair
 
 _LIB = "keras.src.distribution.distribution_lib"
 _BACKEND_LIB = "keras.src.backend.tensorflow.distribution_lib"
@@ -171,51 +172,40 @@ def _global_devices(original):
     return list_devices
 
 
-def _every(strategy: Any) -> bool:
-    return True
-
-
-DATA_PARALLEL = declare(
-    Repair(
-        name="keras_distribution_data_parallel",
-        upstream="Keras's TensorFlow backend has no distribution: a DataParallel trains on "
-        "one device",
-        module=_LIB,
-        target="set_distribution",
-        replacement=_set_distribution,
-        applies_to=_every,
-        account="keras-3-distribution-code",
-        tests=_TESTS,
-        applied_when="when Keras is imported",
-    )
+DATA_PARALLEL = Repair(
+    name="keras_distribution_data_parallel",
+    upstream="Keras's TensorFlow backend has no distribution: a DataParallel trains on one device",
+    module=_LIB,
+    target="set_distribution",
+    replacement=_set_distribution,
+    applies_to=every_strategy,
+    account="keras-3-distribution-code",
+    tests=_TESTS,
+    applied_when="when Keras is imported",
 )
 
-PUBLIC_NAME = declare(
-    Repair(
-        name="keras_distribution_public_name",
-        upstream="keras.distribution's own name for set_distribution (bound at import)",
-        module="keras.distribution",
-        target="set_distribution",
-        replacement=_public_name,
-        applies_to=_every,
-        account="keras-3-distribution-code",
-        tests=_TESTS,
-        applied_when="when Keras is imported",
-    )
+PUBLIC_NAME = Repair(
+    name="keras_distribution_public_name",
+    upstream="keras.distribution's own name for set_distribution (bound at import)",
+    module="keras.distribution",
+    target="set_distribution",
+    replacement=_public_name,
+    applies_to=every_strategy,
+    account="keras-3-distribution-code",
+    tests=_TESTS,
+    applied_when="when Keras is imported",
 )
 
-DEVICES = declare(
-    Repair(
-        name="keras_distribution_devices",
-        upstream="Keras's TensorFlow list_devices lists one worker's devices",
-        module=_BACKEND_LIB,
-        target="list_devices",
-        replacement=_global_devices,
-        applies_to=_every,
-        account="keras-3-distribution-code",
-        tests=_TESTS,
-        applied_when="when Keras is imported",
-    )
+DEVICES = Repair(
+    name="keras_distribution_devices",
+    upstream="Keras's TensorFlow list_devices lists one worker's devices",
+    module=_BACKEND_LIB,
+    target="list_devices",
+    replacement=_global_devices,
+    applies_to=every_strategy,
+    account="keras-3-distribution-code",
+    tests=_TESTS,
+    applied_when="when Keras is imported",
 )
 
 REPAIRS = (DATA_PARALLEL, PUBLIC_NAME, DEVICES)

@@ -16,8 +16,9 @@ import tensorflow as tf
 
 from mirrorkit import internals
 from mirrorkit.cluster import chief, cluster_info, slurm
+from mirrorkit.cluster.workers import every_strategy
 from mirrorkit.patching import instance
-from mirrorkit.patching.repair import Repair, scoped
+from mirrorkit.patching.repair import SCOPED_WHILE, Repair, scoped
 from mirrorkit.strategies import allreduce
 from mirrorkit.strategies import devices as devices_lib
 
@@ -87,7 +88,8 @@ def _with_own_collective_keys(make: Callable[[], tf.distribute.MirroredStrategy]
         module=cls.__module__,
         target=f"{cls.__name__}._collective_key_base",
         replacement=lambda tf_base: base,
-        applies_to=lambda strategy: True,
+        applies_to=every_strategy,
+        when=SCOPED_WHILE,
     )
     with scoped(keys):
         made = make()

@@ -38,7 +38,8 @@ import numpy as np
 import tensorflow as tf
 
 from mirrorkit import internals
-from mirrorkit.patching.repair import Repair, apply_scoped, remove_scoped
+from mirrorkit.cluster.workers import every_strategy
+from mirrorkit.patching.repair import SCOPED_WHILE, Repair, apply_scoped, remove_scoped
 
 #: Steps kept between two reads of the ring buffer.
 DEFAULT_CAPACITY = 8192
@@ -97,31 +98,31 @@ class InputClock:
         targets = []
         for module, name in _ITERATORS:
             cls = internals.load(module, name, used_for="ThroughputCallback's input wait")
-            original = internals.require(
+            internals.require(
                 cls, "get_next", name=f"tf {name}.get_next", used_for="the input wait"
             )
-            targets.append((cls, "get_next", original, self._timed(original)))
+            targets.append((cls, "get_next", self._timed))
             if hasattr(cls, "get_next_as_optional"):  # Keras 3.16 calls it eagerly
-                eager = cls.get_next_as_optional
-                targets.append((cls, "get_next_as_optional", eager, self._timed_eager(eager)))
+                targets.append((cls, "get_next_as_optional", self._timed_eager))
         module, name = _PER_WORKER
         cls = internals.load(module, name, used_for="ThroughputCallback's input wait")
         for method in _PRODUCERS:
-            original = internals.require(
+            internals.require(
                 cls,
                 method,
                 name=f"tf {name}.{method}",
                 used_for="ThroughputCallback's input wait without the other workers' wait",
             )
-            targets.append((cls, method, original, self._produced(original)))
-        for cls, method, _original, wrapped in targets:  # each a scoped repair, listed meanwhile
+            targets.append((cls, method, self._produced))
+        for cls, method, wrap in targets:  # each a scoped repair, listed meanwhile
             repair = Repair(
                 name=f"input_clock.{cls.__name__}.{method}",
                 upstream="ThroughputCallback's input wait (while it is installed)",
                 module=cls.__module__,
                 target=f"{cls.__name__}.{method}",
-                replacement=lambda original, wrapped=wrapped: wrapped,
-                applies_to=lambda strategy: True,
+                replacement=wrap,  # around what is below it: TensorFlow's, or another clock's
+                applies_to=every_strategy,
+                when=SCOPED_WHILE,
             )
             apply_scoped(repair)
             self._saved.append(repair)

@@ -10,15 +10,8 @@ import tensorflow as tf
 from mirrorkit import compat
 from mirrorkit.cluster import chief, workers
 from mirrorkit.compat.multi_worker_reduce import LOCAL_STEP_LOGS
-from mirrorkit.feeding import (  # noqa: F401 - they declare their patches for compat.enable
-    one_iterator,
-    validation_split,
-)
 from mirrorkit.patching import attached
-from mirrorkit.scale import (
-    batchnorm,
-    fit_notices,  # noqa: F401 - declares its repair for compat.enable
-)
+from mirrorkit.scale import batchnorm
 from mirrorkit.strategies import current
 from mirrorkit.training import compression
 

@@ -16,7 +16,8 @@ lists it.
 
 from __future__ import annotations
 
-from mirrorkit.patching.repair import Repair, register
+from mirrorkit.cluster.workers import every_strategy
+from mirrorkit.patching.repair import ON_FIRST_USE, Repair
 from mirrorkit.training import step_hooks
 
 
@@ -31,22 +32,21 @@ def _replacement(original):
     return make_train_function
 
 
-REPAIR = register(  # applied by the first step hook (step_hooks.register)
-    Repair(
-        name="step_chain",
-        upstream="none: mirrorkit's own step hooks (mirrorkit.training.step_hooks)",
-        module="keras.src.backend.tensorflow.trainer",
-        target="TensorFlowTrainer.make_train_function",
-        replacement=_replacement,
-        applies_to=lambda strategy: True,
-        place=1,  # above fit_notices: what the chain takes in is the function Keras made
-        applied_when=("with the first step hook (ThroughputCallback, NaNGuard)"),
-        feature="the step hooks kept around a re-traced train function",
-        account="the-step-chain",
-        tests=(
-            "tests/test_step_hooks.py::test_every_order_of_the_callbacks_gives_the_same_verdicts_figures_and_weights",
-            "tests/test_step_hooks.py::test_hooks_run_by_their_place_whatever_the_order_they_came_in",
-            "tests/test_step_hooks.py::test_a_retrace_and_a_second_fit_keep_the_chain_and_removing_restores_keras",
-        ),
-    )
+REPAIR = Repair(  # applied by the first step hook (step_hooks.register)
+    name="step_chain",
+    upstream="none: mirrorkit's own step hooks (mirrorkit.training.step_hooks)",
+    module="keras.src.backend.tensorflow.trainer",
+    target="TensorFlowTrainer.make_train_function",
+    replacement=_replacement,
+    applies_to=every_strategy,
+    place=1,  # above fit_notices: what the chain takes in is the function Keras made
+    when=ON_FIRST_USE,
+    applied_when=("with the first step hook (ThroughputCallback, NaNGuard)"),
+    feature="the step hooks kept around a re-traced train function",
+    account="the-step-chain",
+    tests=(
+        "tests/test_step_hooks.py::test_every_order_of_the_callbacks_gives_the_same_verdicts_figures_and_weights",
+        "tests/test_step_hooks.py::test_hooks_run_by_their_place_whatever_the_order_they_came_in",
+        "tests/test_step_hooks.py::test_a_retrace_and_a_second_fit_keep_the_chain_and_removing_restores_keras",
+    ),
 )

@@ -122,12 +122,15 @@ json.dump(result, open(sys.argv[1], "w"))
 @pytest.mark.slow
 def test_describe_lists_every_patch_of_a_fit_and_disable_removes_them_all(tmp_path):
     out = tmp_path / "result.json"
+    # as on the chief under `mirrorkit launch`: mk.resumable records its progress too
+    progress = {"MIRRORKIT_PROGRESS": str(tmp_path / "progress.json")}
     done = subprocess.run(
         [sys.executable, "-c", SCRIPT, str(out)],
         cwd=ROOT,
         capture_output=True,
         text=True,
         timeout=300,
+        env={**os.environ, **progress},
     )
     assert done.returncode == 0, done.stderr[-4000:]
     result = json.loads(out.read_text())
@@ -141,8 +144,14 @@ def test_describe_lists_every_patch_of_a_fit_and_disable_removes_them_all(tmp_pa
     )
     found_attrs = sorted({entry.split(".", 1)[1] for entry in result["on_objects"]})
     assert found_attrs == described_attrs, (result["on_objects"], instance_rows)
-    # The three the callbacks need: the step chain, NaNGuard's loss record, the backup's save.
-    for expected in ("step_hooks.train_function", "nan_guard.compute_loss", "backup_pair.save"):
+    # What the callbacks need: the step chain, NaNGuard's loss record, the backup's pair and
+    # its progress record around the callback's own hooks.
+    for expected in (
+        "step_hooks.train_function",
+        "nan_guard.compute_loss",
+        "backup_pair_save",
+        "backup.progress_on_epoch_begin",
+    ):
         assert expected in names, names
     assert "gradient_hooks.all_reduce" in names, names
     assert any(name.startswith("input_clock.") for name in names), names
@@ -169,6 +178,49 @@ def test_a_patch_of_one_object_is_listed_and_its_original_comes_back():
     instance.restore(patch)
     assert "method" not in vars(holder) and holder.method() == "class"
     assert patch not in instance.in_place()
+
+
+def test_wraps_of_one_object_compose_by_place_and_call_the_class_as_it_is_then():
+    """Two wraps of one method, in either order, compose by place; below them is the class's
+    method as the class holds it when called (a class-wide repair applied later included)."""
+    from mirrorkit.patching import instance
+
+    def tag(label):
+        return lambda below: lambda: f"{label}({below()})"
+
+    for order in (("outer", "inner"), ("inner", "outer")):
+        holder = _Holder()
+        places = {"inner": 0, "outer": 1}
+        patches = {
+            label: instance.wrap(
+                holder,
+                "method",
+                tag(label),
+                name=f"t.{label}",
+                reason="a test",
+                place=places[label],
+            )  # fmt: skip
+            for label in order
+        }
+        assert holder.method() == "outer(inner(class))", order
+        original = _Holder.method
+        _Holder.method = lambda self: "repaired"  # a class-wide repair, after the wraps
+        try:
+            assert holder.method() == "outer(inner(repaired))", order
+        finally:
+            _Holder.method = original
+        instance.restore(patches["inner"])  # the other stays
+        assert holder.method() == "outer(class)" and instance.patched(holder, "method")
+        instance.restore(patches["outer"])
+        assert "method" not in vars(holder) and holder.method() == "class"
+    holder = _Holder()
+    instance.wrap(holder, "method", tag("a"), name="t.a", reason="a test")
+    with pytest.raises(ValueError, match="at the same place 0"):
+        instance.wrap(holder, "method", tag("b"), name="t.b", reason="a test")
+    with pytest.raises(ValueError, match="is wrapped"):
+        instance.set_on(holder, "method", None, name="t.c", reason="a test")
+    instance.restore_on(holder, "method")
+    assert vars(holder) == {}
 
 
 def test_what_keras_set_in_between_becomes_the_original():

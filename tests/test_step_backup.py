@@ -11,6 +11,7 @@ callback, the next ``fit`` a new model, as a restarted process builds it), and o
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 import signal
@@ -107,6 +108,15 @@ def _fit(kind, backup, trained, fail_at=None, before_fit=lambda: None, recipes=F
     return weights, int(model.optimizer.iterations.numpy())
 
 
+@functools.cache
+def _reference(kind):
+    """The uninterrupted run of `kind`'s input without a backup: (weights, iterations), once
+    per process (the model's weights and the data are fixed, so every run gives the same)."""
+    weights, iterations = _fit(kind, None, [])
+    weights.setflags(write=False)
+    return weights, iterations
+
+
 def _crash_then_resume(kind, backup, fail_at, before_fit=lambda: None, recipes=False):
     trained = []
     with pytest.raises(RuntimeError, match="on purpose"):
@@ -127,7 +137,7 @@ def _crash_then_resume(kind, backup, fail_at, before_fit=lambda: None, recipes=F
 def test_a_step_backup_resumes_at_its_step_equal_to_an_uninterrupted_run(
     tmp_path, capfd, kind, which
 ):
-    reference, iterations = _fit(kind, None, [])
+    reference, iterations = _reference(kind)
     path = str(tmp_path / "backup")
     if which == "keras":
         backup = lambda: keras.callbacks.BackupAndRestore(path, save_freq=3)  # noqa: E731
@@ -167,7 +177,7 @@ def test_a_step_backup_in_the_middle_of_an_accumulation_with_mixed_precision_and
 def test_resumable_every_interval_backs_up_by_time_and_refuses_other_values(tmp_path, capfd):
     import datetime
 
-    reference, _ = _fit("distribute shuffled", None, [])
+    reference, _ = _reference("distribute shuffled")
     path = str(tmp_path / "backup")
     # an interval shorter than a step: a backup after every step, the last after epoch 2 step 5
     every = datetime.timedelta(microseconds=1)
@@ -206,7 +216,7 @@ def _cut_short(path):
 def test_a_damaged_keras_backup_resumes_from_the_previous_or_says_so(
     tmp_path, capfd, double_checkpoint
 ):
-    reference, _ = _fit("distribute shuffled", None, [])
+    reference, _ = _reference("distribute shuffled")
     path = str(tmp_path / "backup")
 
     def backup():
@@ -239,7 +249,7 @@ def test_a_damaged_keras_backup_resumes_from_the_previous_or_says_so(
 def test_weights_without_their_metadata_start_from_the_beginning_saying_so(tmp_path, capfd):
     path = str(tmp_path / "backup")
     backup = lambda: keras.callbacks.BackupAndRestore(path, save_freq=3)  # noqa: E731
-    reference, _ = _fit("distribute shuffled", None, [])
+    reference, _ = _reference("distribute shuffled")
     trained = []
     with pytest.raises(RuntimeError, match="on purpose"):
         _fit("distribute shuffled", backup, trained, (1, 5))
@@ -399,7 +409,7 @@ def test_a_preemption_checkpoint_and_a_step_backup_resume_from_the_later(
     """A SIGTERM saves at once; a crash after it resumes from the step backup written since."""
     from mirrorkit.exit_statuses import PREEMPTED
 
-    reference, _ = _fit("distribute shuffled", None, [])
+    reference, _ = _reference("distribute shuffled")
     path, ckpt = str(tmp_path / "backup"), str(tmp_path / "preempt")
 
     def run(*extra, trained):

@@ -17,11 +17,13 @@ def multi_worker_repair(
     module: str = "keras.callbacks",
     account: str = "",
     tests: tuple[str, ...] = (),
+    place: int = 0,
 ) -> Repair:
     """A `Repair` that only a multi-worker strategy needs (chief-only files, agreed decisions).
 
     `account` and `tests` are the repair's (`Repair`): its section on the Keras repairs page,
-    and the tests that reproduce the failure and check the repair.
+    and the tests that reproduce the failure and check the repair; `place`, its place among
+    the repairs of the same internal.
     """
     return Repair(
         name=name,
@@ -32,4 +34,5 @@ def multi_worker_repair(
         applies_to=workers.is_multi_worker,
         account=account,
         tests=tests,
+        place=place,
     )

@@ -58,6 +58,7 @@ REPAIRS = (
         module=_MODULE_BACKUP,
         account=_ACCOUNT,
         tests=_TESTS,
+        place=1,  # above backup_pair_save: only the chief writes mk.resumable's pair either
     ),
     multi_worker_repair(
         "chief_backup_cleanup",

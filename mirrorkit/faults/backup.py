@@ -127,7 +127,7 @@ def _interval(every: object) -> float:
 
 def _every_interval(callback: keras.callbacks.BackupAndRestore, seconds: float) -> None:
     """Makes `callback` (``save_freq=1``) back up after the first step past each interval."""
-    counts = internals.require(  # Keras's own count of the steps, kept up
+    internals.require(  # Keras's own count of the steps, kept up (called below)
         callback,
         "_should_save_on_batch",
         name="keras BackupAndRestore._should_save_on_batch",
@@ -135,17 +135,20 @@ def _every_interval(callback: keras.callbacks.BackupAndRestore, seconds: float) 
     )
     last = [time.monotonic()]
 
-    def should_save_on_batch(batch):
-        counts(batch)
-        if time.monotonic() - last[0] < seconds:
-            return False
-        last[0] = time.monotonic()
-        return True
+    def wrapper(counts):
+        def should_save_on_batch(batch):
+            counts(batch)
+            if time.monotonic() - last[0] < seconds:
+                return False
+            last[0] = time.monotonic()
+            return True
 
-    instance.set_on(
+        return should_save_on_batch
+
+    instance.wrap(
         callback,
         "_should_save_on_batch",
-        should_save_on_batch,
+        wrapper,
         name="backup.every_interval",
         reason="mk.resumable(every=timedelta(...)) backs up after the first step past each "
         "interval of training time",
@@ -156,45 +159,49 @@ def _record_progress(callback: keras.callbacks.BackupAndRestore, path: str) -> N
     """Makes `callback` write the chief's epoch and step to `path` as it trains.
 
     The callback stays Keras's own object: its hooks get a small addition on
-    this instance (its class is unchanged).
+    this instance (its class is unchanged), around what its class does when called.
     """
-    restore = callback.on_train_begin
     state = {"epoch": 0, "recorder": None}
 
-    def on_train_begin(logs=None):
-        restore(logs)
-        steps = (callback.params or {}).get("steps")
-        state["recorder"] = resume_point.Recorder(path, callback.backup_dir, steps)
-        input_position.watch(callback.model)
-        state["epoch"] = (
-            internals.optional(
-                callback.model,
-                "_initial_epoch",
-                name="keras Model._initial_epoch",
-                used_for="the epoch a resumed fit starts at, recorded for the launcher's "
-                "restart line, which says epoch 1 without it",
+    def on_train_begin(below):
+        def on_train_begin(logs=None):
+            below(logs)
+            steps = (callback.params or {}).get("steps")
+            state["recorder"] = resume_point.Recorder(path, callback.backup_dir, steps)
+            input_position.watch(callback.model)
+            state["epoch"] = (
+                internals.optional(
+                    callback.model,
+                    "_initial_epoch",
+                    name="keras Model._initial_epoch",
+                    used_for="the epoch a resumed fit starts at, recorded for the launcher's "
+                    "restart line, which says epoch 1 without it",
+                )
+                or 0
             )
-            or 0
-        )
-        state["recorder"].at(state["epoch"], 0)
+            state["recorder"].at(state["epoch"], 0)
 
-    begin = callback.on_epoch_begin
+        return on_train_begin
 
-    def on_epoch_begin(epoch, logs=None):
-        begin(epoch, logs)
-        state["epoch"] = epoch
-        state["recorder"].at(epoch, 0)
+    def on_epoch_begin(below):
+        def on_epoch_begin(epoch, logs=None):
+            below(epoch, logs)
+            state["epoch"] = epoch
+            state["recorder"].at(epoch, 0)
 
-    end_batch = callback.on_train_batch_end
+        return on_epoch_begin
 
-    def on_train_batch_end(batch, logs=None):
-        end_batch(batch, logs)
-        state["recorder"].at(state["epoch"], batch + 1)
-        verdict = input_position.training_input(callback.model)
-        if verdict is not None:  # whether a restart resumes at the backup's step
-            state["recorder"].positioned(verdict.positionable)
+    def on_train_batch_end(below):
+        def on_train_batch_end(batch, logs=None):
+            below(batch, logs)
+            state["recorder"].at(state["epoch"], batch + 1)
+            verdict = input_position.training_input(callback.model)
+            if verdict is not None:  # whether a restart resumes at the backup's step
+                state["recorder"].positioned(verdict.positionable)
+
+        return on_train_batch_end
 
     reason = "mk.resumable records the chief's epoch and step for the launcher's restart line"
-    for method in (on_train_begin, on_epoch_begin, on_train_batch_end):
-        name = f"backup.progress_{method.__name__}"
-        instance.set_on(callback, method.__name__, method, name=name, reason=reason)
+    for wrapper in (on_train_begin, on_epoch_begin, on_train_batch_end):
+        name = f"backup.progress_{wrapper.__name__}"
+        instance.wrap(callback, wrapper.__name__, wrapper, name=name, reason=reason)

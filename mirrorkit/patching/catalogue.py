@@ -41,6 +41,7 @@ MODULES = (
     "mirrorkit.feeding.fit_epoch",
     "mirrorkit.feeding.input_position",
     "mirrorkit.training.step_chain",
+    "mirrorkit.faults.backup_pair",
 )
 
 

@@ -22,13 +22,6 @@ from mirrorkit.patching.repair import WITH_ENABLE
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
 
-@pytest.fixture
-def without_repairs():
-    compat.disable()
-    yield
-    compat.enable()
-
-
 _model = functools.partial(tiny_model, 4, 2, "adam")
 
 
@@ -238,9 +231,9 @@ def _first_batch_smaller_than_replicas():
 
 
 @pytest.mark.upstream
-def test_first_batch_smaller_than_replica_count_fails_upstream(without_repairs):
+def test_first_batch_smaller_than_replica_count_fails_upstream(taken_off):
     model = mk.build(_model, mk.strategy(cpu_replicas=2))
-    compat.disable()
+    taken_off("symbolic_build")  # alone: the others stay in place
     with pytest.raises(Exception, match="(?i)shape|incompatible|AddN"):
         model.fit(_first_batch_smaller_than_replicas(), epochs=1, verbose=0)
 
@@ -266,9 +259,9 @@ def _strings():
 
 
 @pytest.mark.upstream
-def test_string_inputs_fail_upstream(without_repairs):
+def test_string_inputs_fail_upstream(taken_off):
     model = mk.build(lambda: _string_model(["cat", "dog", "eel"]), mk.strategy(cpu_replicas=2))
-    compat.disable()
+    taken_off("symbolic_build")  # alone: the others stay in place
     with pytest.raises(Exception, match="string"):
         model.fit(_strings(), epochs=1, verbose=0)
 
@@ -303,13 +296,13 @@ def _custom_loop(model, strategy):
 
 
 @pytest.mark.upstream
-def test_custom_loop_with_adam_fails_upstream(without_repairs):
+def test_custom_loop_with_adam_fails_upstream(taken_off):
     """keras#23085: fails where the optimizer_variables repair is needed; trains where Keras
     has shipped its fix (#23087, keras-nightly 3.16) and the repair steps aside."""
     from mirrorkit.compat import optimizer_variables
 
     strategy = mk.strategy(cpu_replicas=2)
-    compat.disable()
+    taken_off("optimizer_variables")  # alone: the others stay in place
     with strategy.scope():
         model = _model()  # built under the scope, but not through mk.build
     if not optimizer_variables.REPAIR.needed():
@@ -363,9 +356,9 @@ def _assert_same_training(a, b, atol=1e-5):
 
 
 @pytest.mark.upstream
-def test_steps_per_execution_fails_upstream(without_repairs):
+def test_steps_per_execution_fails_upstream(taken_off):
     strategy = mk.strategy(cpu_replicas=2)
-    compat.disable()
+    taken_off("step_function")  # alone: the others stay in place
     with pytest.raises(Exception, match="placeholder") as caught:
         _train(strategy, steps_per_execution=4)
     assert_quoted_in(
@@ -380,9 +373,9 @@ def test_steps_per_execution_on_two_replicas_equals_one_device(one_device_refere
 
 
 @pytest.mark.upstream
-def test_jit_compile_fails_upstream(without_repairs):
+def test_jit_compile_fails_upstream(taken_off):
     strategy = mk.strategy(cpu_replicas=2)
-    compat.disable()
+    taken_off("step_function")  # alone: the others stay in place
     with pytest.raises(Exception, match="located in device") as caught:
         _train(strategy, jit_compile=True)
     assert_quoted_in(
@@ -411,9 +404,9 @@ def mixed_float16():
 
 
 @pytest.mark.upstream
-def test_mixed_precision_with_jit_fails_upstream(without_repairs, mixed_float16):
+def test_mixed_precision_with_jit_fails_upstream(taken_off, mixed_float16):
     strategy = mk.strategy(cpu_replicas=2)
-    compat.disable()
+    taken_off("step_function")  # alone: the others stay in place
     with pytest.raises(Exception, match="located in device|merge_call"):
         _train(strategy, jit_compile=True)
 
@@ -505,11 +498,11 @@ def test_a_custom_metric_variable_is_logged_as_one_device_number():
 
 
 @pytest.mark.upstream
-def test_python_logs_repair_is_needed_exactly_where_keras_logs_a_variable(without_repairs):
+def test_python_logs_repair_is_needed_exactly_where_keras_logs_a_variable(taken_off):
     from mirrorkit.compat import python_logs
 
     strategy = mk.strategy(cpu_replicas=2)
-    compat.disable()
+    taken_off("python_logs")  # alone: the others stay in place
     logged, _ = _true_positives_history(strategy)
     assert python_logs.REPAIR.needed() == (not isinstance(logged[0], float)), type(logged[0])
 
@@ -583,11 +576,12 @@ class _StepBackupEpochs(keras.callbacks.Callback):
 
 
 @pytest.mark.upstream
-def test_keras_step_backups_in_a_resumed_epoch_record_epoch_0_upstream(without_repairs, tmp_path):
+def test_keras_step_backups_in_a_resumed_epoch_record_epoch_0_upstream(taken_off, tmp_path):
     """Keras's BackupAndRestore(save_freq=N) sets the epoch its backups record only at an
     epoch's end, so a fit resumed in epoch 2 writes epoch 0 in that epoch's step backups (a
     second crash there resumes at epoch 1). If this stops failing, retire backup_step_epoch."""
-    compat.disable()
+    compat.enable()  # every repair, as on a strategy mk.strategy() made
+    taken_off("backup_step_epoch")  # alone: the others stay in place
     backup, said = str(tmp_path / "steps"), []
 
     def fit(*callbacks):
@@ -599,5 +593,46 @@ def test_keras_step_backups_in_a_resumed_epoch_record_epoch_0_upstream(without_r
     with pytest.raises(RuntimeError, match="on purpose"):
         fit(_FailInEpoch(1, 2))
     with pytest.raises(RuntimeError, match="on purpose"):  # resumed in epoch 2, fails there again
-        fit(_StepBackupEpochs(backup, said), _FailInEpoch(1, 2))
-    assert said == [0, 0], said  # the repair writes 1 (0-based epoch 2), where it must resume
+        fit(_StepBackupEpochs(backup, said), _FailInEpoch(1, 3))
+    # each step backup of the resumed epoch 2 records epoch 0 (0-based; a second crash resumes
+    # at epoch 1); the repair writes 1, where it must resume
+    assert said and set(said) == {0}, said
+
+
+def _two_outputs():
+    model_input = keras.Input((4,))
+    outputs = {
+        "a": keras.layers.Dense(1, name="a")(model_input),
+        "b": keras.layers.Dense(1, name="b")(model_input),
+    }
+    model = keras.Model(model_input, outputs)
+    model.compile(optimizer="sgd", loss={"a": "mse", "b": "mse"})
+    rng = np.random.default_rng(7)
+    model.set_weights([rng.normal(size=w.shape).astype("float32") for w in model.get_weights()])
+    return model
+
+
+@pytest.mark.upstream
+def test_per_output_loss_metrics_weigh_by_the_static_batch_upstream():
+    """The canary of per_output_loss, taken off alone: a last batch of 3 split 2 + 1 over two
+    replicas weighs each output's loss metric unlike one device (the total loss is right)."""
+    from mirrorkit.compat import per_output_loss
+
+    replicas, one_device = mk.strategy(cpu_replicas=2), mk.strategy("one_device")
+    rng = np.random.default_rng(1)
+    x = rng.normal(size=(7, 4)).astype("float32")
+    y = {name: rng.normal(size=(7, 1)).astype("float32") for name in ("a", "b")}
+    data = tf.data.Dataset.from_tensor_slices((x, y)).batch(4)  # 4, then 3: split 2 + 1
+    one = mk.build(_two_outputs, one_device).evaluate(data, return_dict=True, verbose=0)
+    repaired = mk.build(_two_outputs, replicas).evaluate(data, return_dict=True, verbose=0)
+    assert repaired == pytest.approx(one, rel=1e-5)
+    per_output_loss.REPAIR.remove()
+    try:
+        plain = mk.build(_two_outputs, replicas).evaluate(data, return_dict=True, verbose=0)
+    finally:
+        compat.enable(replicas)
+    assert plain["loss"] == pytest.approx(one["loss"], rel=1e-5)
+    assert abs(plain["a_loss"] - one["a_loss"]) > 0.1, (
+        f"per_output_loss: Keras {keras.__version__} weighs each output's loss metric as one "
+        f"device does ({plain} against {one}): retire the repair"
+    )

@@ -218,6 +218,37 @@ def test_summed_losses_train_at_half_the_gradient_upstream(strategies):
         compat.enable()
 
 
+#: Each loss repair's canary: the loss form that fails once that repair alone is taken off,
+#: and what differs from one device then (found by taking each off alone over every form).
+ALONE = {
+    "one_device_compute_loss": ("compute_loss sum", "loss"),
+    "one_device_loss_scale": ("compiled sum_over_batch_size", "weights"),
+    "one_device_loss_unscale": ("compiled sum_over_batch_size", "loss"),
+    "one_device_reduction": ("compiled sum_over_batch_size", "weights"),
+    "one_device_step": ("train_step mean", "weights"),
+    "one_device_tape": ("train_step vector", "weights"),
+}
+
+
+@pytest.mark.upstream
+@pytest.mark.parametrize("repair", sorted(ALONE))
+def test_a_loss_repair_taken_off_alone_fails_as_keras_does_upstream(repair, strategies, one_device):
+    """Each repair of a loss, taken off alone: its form trains or logs unlike one device."""
+    from mirrorkit.patching import catalogue
+
+    name, differs = ALONE[repair]
+    taken = catalogue.named(repair)
+    taken.remove()
+    try:
+        found = differences(one_device(name), train(strategies[1], name), name)
+    finally:
+        taken.apply()
+    assert found[differs] > 1e-3, (
+        f"{repair}: with it off alone, '{name}' trains as one device on Keras "
+        f"{keras.__version__} ({found}): retire the repair"
+    )
+
+
 def test_a_sum_is_said_once_and_an_unreadable_loss_is_said_with_the_fix(
     strategies, capfd, monkeypatch
 ):

@@ -274,6 +274,21 @@ def test_tf_nn_compute_average_loss_in_a_step_trains_as_one_device():
     assert_as_one_device(lambda: make_hand_reduced(AverageLoss), (X, X))
 
 
+@pytest.mark.upstream
+def test_tf_nn_compute_average_loss_in_a_step_logs_a_replicas_share_upstream(taken_off):
+    """The canary of one_device_average_loss, taken off alone: TensorFlow's average over the
+    global batch is each replica's share in fit's step, so the step logs 1/N of one device's
+    loss (the gradient is still one device's: the tape repair reads the sum)."""
+    make = lambda: make_hand_reduced(AverageLoss)  # noqa: E731
+    one = train(mk.strategy("one_device"), make, (X, X))
+    replicas = mk.strategy(cpu_replicas=2)
+    taken_off("one_device_average_loss")
+    two = train(replicas, make, (X, X))
+    np.testing.assert_allclose(
+        two["history"]["loss"], [value / 2 for value in one["history"]["loss"]], rtol=1e-4
+    )
+
+
 ONE_DEVICE_LOSS = [
     repair.name
     for repair in (*one_device_loss.REPAIRS, *one_device_tape.REPAIRS, optimizer_step.STEP)

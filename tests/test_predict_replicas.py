@@ -11,7 +11,6 @@ import pytest
 from _quoted import assert_quoted_in, quoted_block
 
 import mirrorkit as mk
-from mirrorkit import compat
 
 TOLERANCE = 1e-6
 
@@ -104,17 +103,23 @@ def test_xla_is_left_out_of_predict_across_replicas_and_said_once(capfd):
 
 
 @pytest.mark.upstream
-def test_keras_alone_cannot_predict_with_xla_or_one_batch_across_replicas():
-    """XLA fails to create the variables; predict_on_batch repeats every row per replica. If
-    these stop failing, retire compat/predict_step.py."""
+@pytest.mark.parametrize("repair", ["predict_without_xla_build", "predict_on_batch_split"])
+def test_keras_alone_cannot_predict_with_xla_or_one_batch_across_replicas(repair):
+    """Each repair taken off alone: XLA fails to create the variables (without
+    predict_without_xla_build); predict_on_batch repeats every row per replica (without
+    predict_on_batch_split). If one stops failing, retire that repair."""
+    from mirrorkit.patching import catalogue
+
     strategy = mk.strategy(cpu_replicas=2)
-    for repair in compat.predict_step.REPAIRS:
-        repair.remove()
+    taken = catalogue.named(repair)
+    taken.remove()
     try:
-        with pytest.raises(Exception, match="lift variable creations") as caught:
-            predictions(strategy, "unbuilt", "predict", 32)
-        quote = quoted_block("compat.md", "`predict` builds itself (no `keras.Input`")
-        assert_quoted_in(quote, str(caught.value))
-        assert predictions(strategy, "built", "predict_on_batch", 16, False).shape == (32, 2)
+        if repair == "predict_without_xla_build":
+            with pytest.raises(Exception, match="lift variable creations") as caught:
+                predictions(strategy, "unbuilt", "predict", 32)
+            quote = quoted_block("compat.md", "`predict` builds itself (no `keras.Input`")
+            assert_quoted_in(quote, str(caught.value))
+        else:
+            assert predictions(strategy, "built", "predict_on_batch", 16, False).shape == (32, 2)
     finally:
-        compat.enable()
+        taken.apply()

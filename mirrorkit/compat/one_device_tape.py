@@ -53,7 +53,7 @@ import tensorflow as tf
 
 from mirrorkit.cluster import chief
 from mirrorkit.cluster.workers import spans_replicas
-from mirrorkit.compat import loss_forms, loss_reader, loss_terms
+from mirrorkit.compat import loss_forms, loss_reader, loss_terms, one_device_loss
 from mirrorkit.patching import fit_step
 from mirrorkit.patching.repair import Repair
 
@@ -244,7 +244,11 @@ TESTS = (
 )
 
 
-def _repair(name: str, module: str, target: str, replacement) -> Repair:
+def _repair(name: str, module: str, target: str, replacement, alone: bool = True) -> Repair:
+    """One repair of this family; `alone`: it has its own case of the canary.
+
+    That canary takes one loss repair off alone (`mirrorkit.compat.one_device_loss.ALONE`).
+    """
     return Repair(
         name=name,
         upstream=_UPSTREAM,
@@ -253,7 +257,7 @@ def _repair(name: str, module: str, target: str, replacement) -> Repair:
         replacement=replacement,
         applies_to=spans_replicas,
         account=_ACCOUNT,
-        tests=TESTS,
+        tests=(f"{one_device_loss.ALONE}[{name}]", *TESTS) if alone else TESTS,
     )
 
 
@@ -266,6 +270,7 @@ REPAIRS = (
         _TRAINER,
         "TensorFlowTrainer._aggregate_additional_loss",
         _additional_as_one_device,
+        alone=False,  # taken off alone, no failure found: the tape and compute_loss cover it
     ),
     _repair(
         "one_device_compute_loss",

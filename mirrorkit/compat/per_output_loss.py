@@ -13,24 +13,15 @@ static batch size, and a single replica, go to Keras unchanged.
 
 from __future__ import annotations
 
-import inspect
-
 import keras
 import tensorflow as tf
 
-from mirrorkit import internals
 from mirrorkit.cluster.workers import spans_replicas
 from mirrorkit.patching import instance
 from mirrorkit.patching.repair import Repair
 
 _MODULE = "keras.src.trainers.compile_utils"
 _USED_FOR = "the per_output_loss repair (each output's loss metric across replicas)"
-
-
-def _still_weighs_by_static_size() -> bool:
-    """The canary: Keras's ``CompileLoss.call`` still weighs by ``shape[0]``."""
-    call = internals.load(_MODULE, "CompileLoss", used_for=_USED_FOR).call
-    return "].shape[0]" in inspect.getsource(call)
 
 
 def _by_share(update_state, share):
@@ -82,9 +73,9 @@ REPAIR = Repair(
     target="CompileLoss.call",
     replacement=_replacement,
     applies_to=spans_replicas,
-    needed=_still_weighs_by_static_size,
     account="per-output-loss-metrics-on-an-unevenly-split-batch",
     tests=(
+        "tests/test_compat.py::test_per_output_loss_metrics_weigh_by_the_static_batch_upstream",
         "tests/test_conformance.py::test_two_replicas[dict_uneven_last_eval_batch-evaluate]",
         "tests/test_conformance.py::test_two_replicas[dict_uneven_last_eval_batch-fit]",
         "tests/test_conformance.py::test_two_workers[dict_uneven_last_eval_batch-evaluate]",

@@ -98,7 +98,7 @@ REPAIRS = (
         applies_to=spans_replicas,
         account="predict-across-replicas",
         tests=(
-            "tests/test_predict_replicas.py::test_keras_alone_cannot_predict_with_xla_or_one_batch_across_replicas",
+            "tests/test_predict_replicas.py::test_keras_alone_cannot_predict_with_xla_or_one_batch_across_replicas[predict_without_xla_build]",
             "tests/test_predict_replicas.py::test_xla_is_left_out_of_predict_across_replicas_and_said_once",
             "tests/test_predict_replicas.py::test_two_replicas_predict_as_one_device",
         ),
@@ -113,7 +113,7 @@ REPAIRS = (
         applies_to=spans_replicas,
         account="predict-across-replicas",
         tests=(
-            "tests/test_predict_replicas.py::test_keras_alone_cannot_predict_with_xla_or_one_batch_across_replicas",
+            "tests/test_predict_replicas.py::test_keras_alone_cannot_predict_with_xla_or_one_batch_across_replicas[predict_on_batch_split]",
             "tests/test_predict_replicas.py::test_predict_on_batch_splits_an_uneven_batch_into_one_devices_rows",
         ),
     ),

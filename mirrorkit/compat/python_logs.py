@@ -56,12 +56,13 @@ def _replacement(original):
 
 REPAIR = Repair(
     name="python_logs",
-    upstream="Keras 3.10 pythonify_logs (fixed in a later release)",
+    upstream="Keras 3.10 pythonify_logs (fixed in Keras 3.12.0)",
     module=_PYTHON_UTILS,
     target="pythonify_logs",
     replacement=_replacement,
     applies_to=spans_replicas,
     needed=lambda: not _fixed_upstream(),
+    fixed_in="3.12.0",  # pythonify_logs converts with backend.convert_to_numpy from 3.12.0 on
     account="logs-that-hold-a-variable",
     tests=(
         "tests/test_compat.py::test_a_custom_metric_variable_is_logged_as_one_device_number",

@@ -2,13 +2,14 @@
 """keras.io's "Distributed training with Keras 3", its DataParallel section, run as written.
 
 Run as a script: ``python _data_parallel_guide.py OUT [--devices N] [--keras-first]
-[--without-mirrorkit] [--scope]``. The guide's lines are unchanged but for its sizes (a
-128-example dataset of global batches of 16, SGD, 3 epochs, a fixed seed), the model's lines
-in a function (``--scope`` builds it inside ``data_parallel.scope()`` instead of after
+[--without-mirrorkit] [--without REPAIR] [--scope]``. The guide's lines are unchanged but for
+its sizes (a 128-example dataset of global batches of 16, SGD, 3 epochs, a fixed seed), the
+model's lines in a function (``--scope`` builds it inside ``data_parallel.scope()`` instead of after
 ``set_distribution``, ``--built-before`` before it, against the guide) and
 ``import mirrorkit``; ``--devices N`` splits this machine's CPU into N logical devices first
 (a machine with N devices; under ``mirrorkit launch`` each worker keeps its one CPU),
-``--keras-first`` imports Keras before mirrorkit. Writes what one device's run must equal
+``--keras-first`` imports Keras before mirrorkit, ``--without REPAIR`` takes that one repair
+of mirrorkit's off once Keras is imported. Writes what one device's run must equal
 to OUT (JSON; a worker writes OUT-rank.json), and what mirrorkit said on stderr.
 """
 
@@ -21,6 +22,7 @@ parser.add_argument("out")
 parser.add_argument("--devices", type=int, default=1)
 parser.add_argument("--keras-first", action="store_true")
 parser.add_argument("--without-mirrorkit", action="store_true")
+parser.add_argument("--without", default="")  # mirrorkit's repair of that name taken off alone
 parser.add_argument("--scope", action="store_true")  # build inside data_parallel.scope()
 parser.add_argument("--built-before", action="store_true")  # build before set_distribution
 args = parser.parse_args()
@@ -39,6 +41,11 @@ if args.devices > 1:
     )
 import keras
 from keras import layers
+
+if args.without:  # after Keras's import, which put mirrorkit's repairs in place
+    from mirrorkit.patching import catalogue
+
+    catalogue.named(args.without).remove()
 
 # -- the guide's DataParallel section -------------------------------------------------------
 # Retrieve the local available gpu devices.

@@ -111,6 +111,20 @@ def test_data_parallel_trains_on_one_replica_upstream(tmp_path, one_device):
 
 
 @needs_a_data_parallel
+@pytest.mark.upstream
+@pytest.mark.multiprocess
+@pytest.mark.parametrize(
+    "repair", ["keras_distribution_data_parallel", "keras_distribution_public_name"]
+)
+def test_a_data_parallel_repair_taken_off_alone_trains_on_one_replica_upstream(tmp_path, repair):
+    """Either repair of set_distribution taken off alone (Keras's function, or the name
+    keras.distribution bound to it at import): the DataParallel trains on one replica."""
+    (plain,), _ = _run(tmp_path, "plain.json", "--devices", "2", "--without", repair)
+    assert plain["distribution"] == "DataParallel" and plain["devices"] == ["cpu:0", "cpu:1"]
+    assert plain["replicas"] == 1, f"{repair}: taken off alone, it trains on 2: retire it"
+
+
+@needs_a_data_parallel
 @pytest.mark.multiprocess
 def test_a_model_built_before_the_distribution_is_told_what_to_do(tmp_path):
     """Built before set_distribution: the model's variables are on one device, and fit says so."""

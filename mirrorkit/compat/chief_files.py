@@ -59,6 +59,7 @@ REPAIRS = (
         account=_ACCOUNT,
         tests=_TESTS,
         place=1,  # above backup_pair_save: only the chief writes mk.resumable's pair either
+        own_canary=True,
     ),
     multi_worker_repair(
         "chief_backup_cleanup",

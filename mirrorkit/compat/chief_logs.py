@@ -141,6 +141,7 @@ REPAIRS = (
         _tensorboard_to_temporary_dir,
         account=_ACCOUNT,
         tests=_TESTS,
+        own_canary=True,
     ),
     multi_worker_repair(
         "chief_tensorboard_cleanup",
@@ -149,6 +150,7 @@ REPAIRS = (
         _remove_worker_dir,
         account=_ACCOUNT,
         tests=_TESTS,
+        own_canary=True,
     ),
     multi_worker_repair(
         "chief_csv_open",
@@ -157,6 +159,7 @@ REPAIRS = (
         _chief_only,
         account=_ACCOUNT,
         tests=_TESTS,
+        own_canary=True,
     ),
     multi_worker_repair(
         "chief_csv_rows",
@@ -174,6 +177,8 @@ REPAIRS = (
         _chief_only,
         account=_ACCOUNT,
         tests=_TESTS,
+        own_canary=True,
+        fixed_in="3.11.0",  # on_train_end closes only an open file from 3.11.0 on
     ),
     multi_worker_repair(
         "chief_progbar",
@@ -182,5 +187,6 @@ REPAIRS = (
         _quiet_progbar,
         account=_ACCOUNT,
         tests=_TESTS,
+        own_canary=True,
     ),
 )

@@ -95,6 +95,7 @@ REPAIRS = (
         module="keras",
         account=_ACCOUNT,
         tests=_TESTS,
+        own_canary=True,
     ),
     multi_worker_repair(
         "chief_model_save_weights",
@@ -104,6 +105,7 @@ REPAIRS = (
         module="keras",
         account=_ACCOUNT,
         tests=_TESTS,
+        own_canary=True,
     ),
     multi_worker_repair(
         "chief_model_export",
@@ -124,5 +126,6 @@ REPAIRS = (
         module="tensorflow.saved_model",
         account=_ACCOUNT,
         tests=_TESTS,
+        own_canary=True,
     ),
 )

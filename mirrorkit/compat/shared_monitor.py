@@ -128,6 +128,7 @@ REPAIRS = (
             "tests/test_keras_callbacks_multiworker.py::"
             "test_plain_keras_callbacks_write_twice_and_hang_on_two_workers",
         ),
+        own_canary=True,
     ),
     multi_worker_repair(
         "shared_reduce_lr",
@@ -141,5 +142,6 @@ REPAIRS = (
             "tests/test_keras_callbacks_multiworker.py::"
             "test_plain_keras_callbacks_write_twice_and_hang_on_two_workers",
         ),
+        own_canary=True,
     ),
 )

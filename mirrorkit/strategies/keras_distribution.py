@@ -33,6 +33,11 @@ from mirrorkit.patching.repair import Repair
 
 _LIB = "keras.src.distribution.distribution_lib"
 _BACKEND_LIB = "keras.src.backend.tensorflow.distribution_lib"
+#: The canary that takes one repair of set_distribution off alone.
+_ALONE = (
+    "tests/test_keras_distribution.py::"
+    "test_a_data_parallel_repair_taken_off_alone_trains_on_one_replica_upstream"
+)
 _TESTS = (
     "tests/test_keras_distribution.py::test_the_guides_data_parallel_on_two_replicas_equals_one_device",
     "tests/test_keras_distribution.py::test_the_guides_data_parallel_on_two_workers_equals_one_device",
@@ -180,7 +185,7 @@ DATA_PARALLEL = Repair(
     replacement=_set_distribution,
     applies_to=every_strategy,
     account="keras-3-distribution-code",
-    tests=_TESTS,
+    tests=(f"{_ALONE}[keras_distribution_data_parallel]", *_TESTS),
     applied_when="when Keras is imported",
 )
 
@@ -192,7 +197,7 @@ PUBLIC_NAME = Repair(
     replacement=_public_name,
     applies_to=every_strategy,
     account="keras-3-distribution-code",
-    tests=_TESTS,
+    tests=(f"{_ALONE}[keras_distribution_public_name]", *_TESTS),
     applied_when="when Keras is imported",
 )
 

@@ -264,11 +264,64 @@ def repairs_table() -> str:
     return "\n".join(rows)
 
 
+#: A name of the public API in a page's inline code: `mk.resumable`, `mk.compat.enable(s)`,
+#: `mk.callbacks.NaNGuard()`; group 1 is the dotted name after ``mk.``.
+API_NAME = re.compile(r"(?<![\[\w])`mk\.([A-Za-z_][\w.]*?)(?:\([^`]*\))?`(?!\]|\()")
+
+
+def api_identifiers() -> set[str]:
+    """The dotted names after ``mk.`` that the API reference documents.
+
+    ``resumable``, ``callbacks.NaNGuard``, ``compat.enable``: read from ``docs/api/`` and the
+    modules' public names, without importing TensorFlow.
+    """
+    import ast
+
+    found = set()
+    for line in (ROOT / "docs" / "api" / "mirrorkit.md").read_text().splitlines():
+        if line.startswith("::: mirrorkit."):
+            found.add(line.removeprefix("::: mirrorkit.").strip())
+    callbacks = (ROOT / "docs" / "api" / "callbacks.md").read_text()
+    found |= {f"callbacks.{n}" for n in re.findall(r"^ +- (\w+)$", callbacks, re.M)}
+    compat = ast.parse((ROOT / "mirrorkit" / "compat" / "__init__.py").read_text())
+    found |= {
+        f"compat.{node.name}"
+        for node in compat.body
+        if isinstance(node, ast.FunctionDef) and not node.name.startswith("_")
+    }
+    return found
+
+
+def link_api_names(markdown: str, known: set[str]) -> str:
+    """Each `mk.NAME` in `markdown`'s prose a cross-reference to its API entry.
+
+    Not in fenced code, headings or a link already; a name the API reference does not
+    document stays plain code.
+    """
+    lines, fenced = [], False
+    for line in markdown.splitlines(keepends=True):
+        if line.lstrip().startswith("```"):
+            fenced = not fenced
+        if not fenced and not line.startswith("#"):
+
+            def link(match: re.Match) -> str:
+                name = match.group(1).rstrip(".")
+                if name not in known:
+                    return match.group(0)
+                return f"[{match.group(0)}][mirrorkit.{name}]"
+
+            line = API_NAME.sub(link, line)
+        lines.append(line)
+    return "".join(lines)
+
+
 def on_page_markdown(markdown: str, page, config, files) -> str:
-    """Put the tables made from mirrorkit's repairs in their places.
+    """Link the guides' `mk.*` names to the API reference; put the repairs' tables in place.
 
     docs/development.md: the repairs and their tests; docs/compat.md: `GENERATED`'s tables.
     """
+    if not page.file.src_uri.startswith(("api/", "changelog")):
+        markdown = link_api_names(markdown, api_identifiers())
     if page.file.src_uri == "development.md":
         wanted = {REPAIRS_TABLE: "repairs_table"}
     elif page.file.src_uri == "compat.md":

@@ -64,23 +64,29 @@ def _pages() -> dict[str, str]:
     return {p.relative_to(DOCS).as_posix(): p.read_text() for p in DOCS.rglob("*.md")}
 
 
-@pytest.mark.slow
-def test_the_site_builds_in_strict_mode(tmp_path):
+@pytest.fixture(scope="module")
+def built_site(tmp_path_factory):
+    """The site, built once for this module's tests: (its folder, mkdocs's run, seconds)."""
     if importlib.util.find_spec("mkdocs") is None:
         pytest.fail('mkdocs is not installed: pip install -e ".[docs]" (CI\'s newest leg does)')
+    folder = tmp_path_factory.mktemp("docs")
     start = time.monotonic()
     done = subprocess.run(  # from another folder: the site builds from any directory
         [sys.executable, "-m", "mkdocs", "build", "--strict", "-f", str(ROOT / "mkdocs.yml")]
-        + ["--site-dir", str(tmp_path / "site")],
-        cwd=tmp_path,
+        + ["--site-dir", str(folder / "site")],
+        cwd=folder,
         capture_output=True,
         text=True,
         timeout=300,
         env={**os.environ, "NO_MKDOCS_2_WARNING": "1"},
     )
-    took = time.monotonic() - start
+    return folder / "site", done, time.monotonic() - start
+
+
+@pytest.mark.slow
+def test_the_site_builds_in_strict_mode(built_site):
+    site, done, took = built_site
     assert done.returncode == 0, f"mkdocs build --strict failed after {took:.0f} s:\n{done.stderr}"
-    site = tmp_path / "site"
     api = (site / "api" / "mirrorkit" / "index.html").read_text()
     for name in _public_names():
         assert f'id="mirrorkit.{name}"' in api, f"the API reference does not render mk.{name}"
@@ -113,6 +119,46 @@ def test_the_site_builds_in_strict_mode(tmp_path):
         "float16",
     ], separator
     _named_pages_exist(site)
+
+
+#: Pages for the project's builders, not its users: their tables may scroll.
+BUILDERS_PAGES = ("development/", "ARCHITECTURE/")
+
+
+@pytest.mark.slow
+def test_no_output_block_or_table_is_wider_than_its_box_at_1280_px(built_site):
+    """In headless Chromium, 1280 px wide: every output block, table and notebook image of the
+    user pages and notebooks is seen whole (none wider than its box); a planted page with a
+    wide table and an output line that does not wrap is caught."""
+    from _browser import CHROMIUM, clipped
+
+    if CHROMIUM is None:
+        pytest.skip("no Chromium here (CI's newest leg installs Debian's chromium package)")
+    site, done, _ = built_site
+    assert done.returncode == 0, done.stderr[-3000:]
+    pages = sorted(
+        path.relative_to(site).as_posix()
+        for path in site.rglob("index.html")
+        if not path.relative_to(site).as_posix().startswith(("source/", *BUILDERS_PAGES))
+    )
+    planted = site / "planted" / "index.html"
+    planted.parent.mkdir()
+    wide = "x" * 400
+    planted.write_text(
+        (site / "resume" / "index.html")
+        .read_text()
+        .replace(
+            '<h2 id="back-up-and-restart">',
+            f'<table style="width: 3000px"><tr><td>{wide}</td><td>a wide table</td></tr></table>'
+            f'<div class="language-text highlight"><pre><code style="white-space: pre">{wide}'
+            '</code></pre></div><h2 id="back-up-and-restart">',
+        )
+    )
+    found = clipped(site, [*pages, "planted/index.html"])
+    caught = found.pop("planted/index.html")
+    assert [line.split(":")[0] for line in caught] == ["output", "table"], caught
+    assert len(found) == len(pages) > 30 and {"notebooks/01_quickstart/index.html"} <= set(found)
+    assert {page: lines for page, lines in found.items() if lines} == {}
 
 
 #: A page of the site a message or docstring names (docs/hooks.py links them on the API pages).

@@ -8,6 +8,7 @@ can report and end the wait.
 
 from __future__ import annotations
 
+import inspect
 import json
 import os
 import signal
@@ -261,6 +262,11 @@ def test_startup_timeout_flag_defaults_to_ten_minutes_and_is_checked():
     mk_flags.define_flags(fv)
     fv(["train.py"])
     assert fv.startup_timeout == peer_wait.DEFAULT_TIMEOUT_S == 600
+    # mk.strategy's signature shows the value in the API reference, not the constant's name
+    from mirrorkit.strategies.factory import strategy
+
+    default = inspect.signature(strategy).parameters["startup_timeout_s"].default
+    assert default == peer_wait.DEFAULT_TIMEOUT_S
     fv = flags.FlagValues()
     mk_flags.define_flags(fv)
     fv(["train.py", "--startup_timeout=30"])

@@ -167,6 +167,29 @@ def test_time_outside_the_steady_steps_is_epoch_overhead(clock, capfd):
     assert_quoted_in(quote, capfd.readouterr().out, figures_vary=True)
 
 
+def test_a_notebooks_report_has_a_figure_per_row_and_at_most_four_epochs_as_columns():
+    """The report fits a notebook's cell: turned, the first and the last 3 epochs of 12."""
+    import re
+
+    from mirrorkit.throughput.report import HTML_EPOCHS, EpochThroughput, ThroughputReport
+
+    report = ThroughputReport(2, 1, 32)
+    report.epochs = [
+        EpochThroughput(n, 10, 100.0 * n, 50.0, 100.0, 0.1, 0.1, 0.1, 1.0) for n in range(1, 13)
+    ]
+    page = report._repr_html_()
+    headers = re.findall(r"<th>([^<]*)</th>", page)
+    assert HTML_EPOCHS == 4
+    assert headers == ["", "epoch 1", *(f"epoch {n}" for n in range(10, 13))], headers
+    first_row = re.search(r"<tbody><tr>(.*?)</tr>", page)[1]
+    assert re.findall(r"<td>([^<]*)</td>", first_row) == [
+        "examples/s", "100.0", "1,000.0", "1,100.0", "1,200.0"
+    ]  # fmt: skip
+    assert "epochs 2-9 are left out here: report.to_dict() has every epoch" in page
+    report.epochs = report.epochs[:3]
+    assert "left out" not in report._repr_html_()
+
+
 def test_repeated_bottlenecks_are_one_line_and_others_keep_theirs():
     from mirrorkit.throughput.report import EpochThroughput, ThroughputReport
 
@@ -219,7 +242,8 @@ def test_outputs_parse_and_show_the_figures(tmp_path, capfd, clock):
             cells.append(data)
 
     Cells().feed(callback.report._repr_html_())
-    assert "examples/s" in cells and "epoch" in cells
+    # a notebook's cell: a figure per row, an epoch per column
+    assert cells[1:4] == ["epoch 1", "examples/s", cells[3]] and "efficiency" in cells
     assert verdicts and all(line in cells for line in verdicts)  # the verdicts show there too
     assert list((tmp_path / "tb").iterdir())  # TensorBoard event file
     figure = callback.report.plot(str(tmp_path / "throughput.png"))

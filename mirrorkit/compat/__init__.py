@@ -2,7 +2,7 @@
 
 Each repair lives in its own module of this package, which defines it (``REPAIR``, or
 ``REPAIRS`` for several) with its target, its upstream issue and the strategies it applies
-to; `mirrorkit.patching.catalogue` reads every module of this package and the modules of
+to; mirrorkit's catalogue of patches reads every module of this package and the modules of
 the parts of mirrorkit that patch Keras (`REPAIRS` is what it found), so a new repair is
 its module, its canary test and its account on the Keras repairs page (docs: compat/),
 which gives each failure's symptom, upstream report and repair. A repair is applied only

@@ -41,7 +41,7 @@ def strategy(
     all_reduce: str = "auto",
     bucket_mb: float | None = None,
     timeout_s: float | None = None,
-    startup_timeout_s: float | None = peer_wait.DEFAULT_TIMEOUT_S,
+    startup_timeout_s: float | None = 600.0,  # peer_wait.DEFAULT_TIMEOUT_S (test_startup)
 ) -> tf.distribute.Strategy:
     """Makes the `tf.distribute.Strategy` for this machine or cluster.
 

@@ -37,7 +37,7 @@ class ThroughputCallback(keras.callbacks.Callback):
 
     With several replicas (on one host or across workers) each replica also
     times its own work in each step, inside the compiled step, read once an
-    epoch (`StepClock`): from the step's start until its gradients are ready
+    epoch: from the step's start until its gradients are ready
     for the all-reduce (its compute), then until the all-reduce ends (the
     transfer, and its wait for the slowest replica), then until the step
     ends (the update). At epoch end the workers exchange their replicas'

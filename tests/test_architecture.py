@@ -675,12 +675,14 @@ def _compat_internals_section():
     text = (PACKAGE.parent / "docs" / "compat.md").read_text()
     assert COMPAT_SECTION in text, f"docs/compat.md lost its section {COMPAT_SECTION!r}"
     section = text.split(COMPAT_SECTION, 1)[1].split("\n## ", 1)[0]
-    spec = importlib.util.spec_from_file_location("docs_hooks", PACKAGE.parent / "docs/hooks.py")
-    hooks = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(hooks)
-    marker = next(line for line in hooks.GENERATED if hooks.GENERATED[line] == "targets_table")
+    spec = importlib.util.spec_from_file_location(
+        "docs_tables", PACKAGE.parent / "docs/repair_tables.py"
+    )
+    tables = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tables)
+    marker = next(line for line in tables.GENERATED if tables.GENERATED[line] == "targets_table")
     assert marker in section, f"{COMPAT_SECTION!r} lost its line {marker!r}"
-    return section.replace(marker, hooks.targets_table())
+    return section.replace(marker, tables.targets_table())
 
 
 def _guarded_internals():

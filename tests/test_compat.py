@@ -183,8 +183,8 @@ def _in_order(names) -> list[str]:
 def _applied_per_the_page(rows: int) -> list[str]:
     """The repairs compat.md's table "Which repairs a strategy gets" gives its first `rows` rows.
 
-    The table is made from each repair's ``applies_to`` (docs/hooks.py): this checks that the
-    label it gives each is what a strategy really gets. A repair waiting for its package
+    The table is made from each repair's ``applies_to`` (docs/repair_tables.py): this checks
+    that the label it gives each is what a strategy really gets. A repair waiting for its package
     (keras-hub, keras-tuner) or one whose bug this Keras has fixed is left out, as `enable`
     leaves it out.
     """
@@ -199,10 +199,10 @@ def _applied_per_the_page(rows: int) -> list[str]:
 
 
 def _hooks():
-    """docs/hooks.py, which makes the Keras repairs page's tables from the repairs."""
+    """docs/repair_tables.py, which makes the Keras repairs page's tables from the repairs."""
     import importlib.util
 
-    spec = importlib.util.spec_from_file_location("docs_hooks", ROOT / "docs" / "hooks.py")
+    spec = importlib.util.spec_from_file_location("docs_hooks", ROOT / "docs" / "repair_tables.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module

@@ -141,14 +141,14 @@ def test_a_new_repair_is_its_module_its_canary_and_its_account(tmp_path):
     assert "toy_snake_case" in (copy / "mirrorkit/compat/toy_snake_case.py").read_text()
 
 
-#: What the copy's mirrorkit and docs/hooks.py make of the toy repair.
+#: What the copy's mirrorkit and docs/repair_tables.py make of the toy repair.
 SHOW = """
 import importlib.util
 import mirrorkit as mk
 
 names = mk.compat.enable()
 print("enabled:", "toy_snake_case" in names)
-spec = importlib.util.spec_from_file_location("hooks", "docs/hooks.py")
+spec = importlib.util.spec_from_file_location("tables", "docs/repair_tables.py")
 hooks = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(hooks)
 row = next(r for r in hooks.strategies_table().splitlines() if r.startswith("| every strategy |"))

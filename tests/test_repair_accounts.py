@@ -1,8 +1,8 @@
 """Each Keras repair declares its account on the Keras repairs page and its tests.
 
 docs/development.md's table "Keras repairs and their tests" is generated from each
-`Repair`'s ``account`` and ``tests`` (docs/hooks.py), so these are checked here: every repair
-mirrorkit applies process-wide has an account that is a ``###`` section of docs/compat.md and
+`Repair`'s ``account`` and ``tests`` (docs/repair_tables.py), so these are checked here: every
+repair mirrorkit applies process-wide has an account that is a ``###`` section of docs/compat.md and
 at least one test, and every test it names is a ``def test_...`` of an existing file.
 """
 
@@ -19,9 +19,10 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 
 
 def _hooks():
-    """docs/hooks.py, which makes the table (and reads compat.md's sections the way mkdocs does)."""
+    """docs/repair_tables.py, which makes the tables (and reads compat.md's sections as mkdocs
+    does), without mkdocs."""
     spec = importlib.util.spec_from_file_location(
-        "mirrorkit_docs_hooks", ROOT / "docs" / "hooks.py"
+        "mirrorkit_docs_hooks", ROOT / "docs" / "repair_tables.py"
     )
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)

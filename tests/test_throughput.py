@@ -171,7 +171,8 @@ def test_a_notebooks_report_has_a_figure_per_row_and_at_most_four_epochs_as_colu
     """The report fits a notebook's cell: turned, the first and the last 3 epochs of 12."""
     import re
 
-    from mirrorkit.throughput.report import HTML_EPOCHS, EpochThroughput, ThroughputReport
+    from mirrorkit.throughput.notebook_table import HTML_EPOCHS
+    from mirrorkit.throughput.report import EpochThroughput, ThroughputReport
 
     report = ThroughputReport(2, 1, 32)
     report.epochs = [

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import dataclasses
-import html
 import json
 from typing import TYPE_CHECKING, Any
 
 from mirrorkit import tables
+from mirrorkit.throughput import notebook_table
 from mirrorkit.throughput.stragglers import straggler_text
 
 if TYPE_CHECKING:
@@ -22,8 +22,6 @@ _ACTIONABLE = (
     "communication-bound",
     "dispatch-bound",
 )
-#: The most epochs a notebook's report shows as columns (the first, then the last ones).
-HTML_EPOCHS = 4
 _COLUMNS = (
     ("epoch", "epoch", "{:d}"),
     ("examples_per_sec", "examples/s", "{:,.1f}"),
@@ -282,33 +280,15 @@ class ThroughputReport:
         )
 
     def _repr_html_(self) -> str:
-        """For notebooks: a figure per row and an epoch per column, then the verdict lines.
-
-        Turned so that it fits a notebook's cell: up to `HTML_EPOCHS` epochs as columns (the
-        first and the last ones, a note says which are left out; `to_dict` has them all).
-        """
-        title = str(self).splitlines()[0]
-        if not self.epochs:
-            return f"<div>{html.escape(title)}</div><div>(no epoch measured yet)</div>"
+        """For notebooks: a figure per row, an epoch per column, then the verdict lines."""
         keep = [i for i in self._columns() if _COLUMNS[i][0] != "epoch"]
         rows = self._rows()
-        shown = list(range(len(rows)))
-        if len(shown) > HTML_EPOCHS:  # the first epoch, then the last ones
-            shown = [0, *shown[len(shown) - (HTML_EPOCHS - 1) :]]
-        table = tables.html_columns(
-            ["", *(f"epoch {self.epochs[e].epoch}" for e in shown)],
-            [[_COLUMNS[i][1], *(rows[e][i] for e in shown)] for i in keep],
-            caption=title,
+        return notebook_table.html(
+            str(self).splitlines()[0],
+            [epoch.epoch for epoch in self.epochs],
+            [(_COLUMNS[i][1], [row[i] for row in rows]) for i in keep],
+            self._verdict_lines(),
         )
-        hidden = [self.epochs[e].epoch for e in range(len(rows)) if e not in shown]
-        note = (
-            f"<div>epochs {hidden[0]}-{hidden[-1]} are left out here: report.to_dict() has "
-            "every epoch</div>"
-            if hidden
-            else ""
-        )
-        verdicts = "".join(f"<div>{html.escape(line)}</div>" for line in self._verdict_lines())
-        return table + note + verdicts
 
     def plot(self, path: str | None = None) -> Figure:
         """Plots examples/s and step times per epoch with matplotlib.

@@ -670,16 +670,13 @@ def test_the_process_check_sees_a_start():
 
 def _compat_internals_section():
     """The section as the site shows it: the table of each repair's target made in."""
-    import importlib.util
 
     text = (PACKAGE.parent / "docs" / "compat.md").read_text()
     assert COMPAT_SECTION in text, f"docs/compat.md lost its section {COMPAT_SECTION!r}"
     section = text.split(COMPAT_SECTION, 1)[1].split("\n## ", 1)[0]
-    spec = importlib.util.spec_from_file_location(
-        "docs_tables", PACKAGE.parent / "docs/repair_tables.py"
-    )
-    tables = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(tables)
+    from _docs_tables import tables as loaded
+
+    tables = loaded()
     marker = next(line for line in tables.GENERATED if tables.GENERATED[line] == "targets_table")
     assert marker in section, f"{COMPAT_SECTION!r} lost its line {marker!r}"
     return section.replace(marker, tables.targets_table())

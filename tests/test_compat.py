@@ -11,6 +11,7 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
+from _docs_tables import tables
 from _models import tiny_model
 from _quoted import assert_quoted_in, quoted_block
 
@@ -188,7 +189,7 @@ def _applied_per_the_page(rows: int) -> list[str]:
     (keras-hub, keras-tuner) or one whose bug this Keras has fixed is left out, as `enable`
     leaves it out.
     """
-    table = _hooks().strategies_table()
+    table = tables().strategies_table()
     cells = [row.split(" | ")[1] for row in table.splitlines()[2:]][:rows]
     names = [n for cell in cells for n in re.findall(r"`([a-z_]+)`(?! is imported)", cell)]
     return _in_order(
@@ -196,16 +197,6 @@ def _applied_per_the_page(rows: int) -> list[str]:
         for r in catalogue.repairs()
         if r.name in names and r.needed() and not r.fixed_upstream
     )
-
-
-def _hooks():
-    """docs/repair_tables.py, which makes the Keras repairs page's tables from the repairs."""
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("docs_hooks", ROOT / "docs" / "repair_tables.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def test_strategy_applies_what_the_repairs_page_says():

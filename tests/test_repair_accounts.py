@@ -10,28 +10,17 @@ from __future__ import annotations
 
 import ast
 import functools
-import importlib.util
 import pathlib
 
 import pytest
+from _docs_tables import tables
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
 
-def _hooks():
-    """docs/repair_tables.py, which makes the tables (and reads compat.md's sections as mkdocs
-    does), without mkdocs."""
-    spec = importlib.util.spec_from_file_location(
-        "mirrorkit_docs_hooks", ROOT / "docs" / "repair_tables.py"
-    )
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 @functools.cache
 def _repairs():
-    return tuple(_hooks().documented_repairs())
+    return tuple(tables().documented_repairs())
 
 
 @functools.cache
@@ -98,7 +87,7 @@ def test_no_repair_is_left_out():
 
 @pytest.mark.parametrize("repair", _repairs(), ids=lambda repair: repair.name)
 def test_each_repair_has_an_account_on_the_repairs_page(repair):
-    sections = _hooks().compat_sections()
+    sections = tables().compat_sections()
     assert repair.account, f"the '{repair.name}' repair declares no account (Repair.account)"
     assert repair.account in sections, (
         f"the '{repair.name}' repair's account '{repair.account}' is no ### section of "
@@ -129,7 +118,7 @@ def test_a_test_that_does_not_exist_is_caught():
 
 
 def test_the_generated_table_has_a_row_per_repair_with_its_link():
-    hooks = _hooks()
+    hooks = tables()
     table = hooks.repairs_table().splitlines()
     assert len(table) == 2 + len(_repairs())
     assert (

@@ -5,6 +5,7 @@
   owner per replaced attribute, which composes the repairs of it by their declared place;
   the repairs in place in the order they were applied (`applied`), and the scoped ones
   (`SCOPED`, `scoped`) a part of mirrorkit keeps in place while it runs.
+- `catalogue`: the one list of the modules that define repairs, read when first asked.
 - `instance`: a patch of one object (a model's train function, an optimizer's
   all-reduce, a callback's method), which ``compat.describe`` lists and
   ``compat.disable`` undoes.
@@ -14,5 +15,6 @@
   the one-device step replacement sets and the loss and gradient repairs read.
 
 It imports no other part of mirrorkit but `mirrorkit.internals` (guarded reads of
-private internals), so every package may declare its patches with it.
+private internals), so every package may define its patches with it; the catalogue names
+the modules that do by their dotted names and imports them at run time only.
 """

@@ -1,5 +1,6 @@
 """`mirrorkit bench` end to end, and its argument errors."""
 
+import itertools
 import json
 import re
 import statistics
@@ -190,3 +191,61 @@ def test_a_classifier_of_yours_gets_integer_labels_that_fit_its_sparse_loss(user
     model = my_models.classifier()
     x, y = next(iter(user_model.examples(model, None)))
     assert (tuple(x.shape), tuple(y.shape), y.dtype.name) == ((20,), (), "int32")
+
+
+def _bench_row(replicas, workers, rate, base_rate, launcher="mirrorkit"):
+    devices = replicas * workers
+    return {
+        "model": "cnn", "replicas": replicas, "workers": workers, "examples_per_sec": rate,
+        "examples_per_sec_per_replica": rate / devices, "launcher": launcher,
+        "scaling_efficiency": rate / devices / base_rate, "pinned": workers > 1,
+    }  # fmt: skip
+
+
+def test_bench_plot_draws_throughput_by_devices_against_ideal_scaling(tmp_path):
+    pytest.importorskip("matplotlib")
+    from matplotlib.transforms import Bbox
+
+    from mirrorkit.bench import results as bench_results
+
+    rows = [
+        _bench_row(1, 1, 1000.0, 1000.0),
+        _bench_row(2, 1, 1900.0, 1000.0),  # 95%
+        _bench_row(4, 1, 3320.0, 1000.0),  # 83%
+        _bench_row(1, 2, 1800.0, 1000.0),  # 90%: 2 devices too, as 2 workers
+        _bench_row(1, 1, 980.0, 980.0, "raw"),
+        _bench_row(1, 2, 1700.0, 980.0, "raw"),  # 87%, against raw's own 1 worker
+    ]
+    results = {"model": "cnn", "per_replica_batch_size": 64, "results": rows}
+    figure = bench_results.figure(results)
+    figure.canvas.draw()
+    (axis,) = figure.axes
+    assert axis.get_xlabel() == "devices (replicas across all workers)"
+    assert axis.get_ylabel() == "examples per second"
+    assert "cnn" in axis.get_title()
+    lines = {line.get_label(): line for line in axis.get_lines()}
+    assert set(axis.get_legend_handles_labels()[1]) == set(lines)
+    ideal = lines["ideal linear scaling: 1 device x N"]
+    assert list(ideal.get_xdata()) == [1, 2, 4]
+    assert list(ideal.get_ydata()) == [1000.0, 2000.0, 4000.0]
+    assert list(lines["1 worker, N replicas"].get_xdata()) == [1, 2, 4]
+    assert list(lines["N workers, 1 replica each"].get_ydata()) == [1000.0, 1800.0]
+    assert list(lines["raw tf.distribute (--compare-raw)"].get_ydata()) == [980.0, 1700.0]
+    texts = [t for t in axis.texts if t.get_text().endswith("%")]
+    assert sorted(t.get_text() for t in texts) == ["83%", "87%", "90%", "95%"]
+    # No efficiency covers a measured point's marker, though three share 2 devices.
+    renderer = figure.canvas.get_renderer()
+    boxes = [t.get_window_extent(renderer) for t in texts]
+    for line in axis.get_lines():
+        if line.get_marker() in ("None", None, ""):
+            continue
+        radius = line.get_markersize() / 2 * figure.dpi / 72
+        points = line.get_transform().transform(line.get_xydata())
+        for (x, y), box in itertools.product(points, boxes):
+            assert not box.overlaps(Bbox([[x - radius, y - radius], [x + radius, y + radius]])), (
+                f"an efficiency label covers the marker at ({x:.0f}, {y:.0f}) px"
+            )
+    assert bench_results.plot(results, str(tmp_path / "bench-cnn.png")) == str(
+        tmp_path / "bench-cnn.png"
+    )
+    assert (tmp_path / "bench-cnn.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -135,7 +135,12 @@ def _own_compute_loss(returns):
     return make
 
 
-def _own_step(reduce):
+def _own_step(reduce, penalty=None, loss=None, **dense):
+    """A model whose own ``train_step`` takes ``tape.gradient`` of ``reduce(...)``.
+
+    `penalty`: an `_add_loss_layer` kind after the hidden layer; `loss`: the compiled loss;
+    `dense`: the hidden layer's arguments.
+    """
     import keras
     import tensorflow as tf
     from keras import ops
@@ -146,7 +151,7 @@ def _own_step(reduce):
             with tf.GradientTape() as tape:
                 prediction = self(x, training=True)
                 per_example = keras.losses.mean_squared_error(y, prediction)
-                loss = reduce(per_example, prediction, self)
+                loss = reduce(per_example, prediction, self, y)
             grads = tape.gradient(loss, self.trainable_variables)
             self.optimizer.apply_gradients(zip(grads, self.trainable_variables, strict=True))
             self.tracker.update_state(loss)
@@ -164,49 +169,65 @@ def _own_step(reduce):
 
     def make():
         inputs = keras.Input((4,))
-        hidden = keras.layers.Dense(3, activation="tanh")(inputs)
+        hidden = keras.layers.Dense(3, activation="tanh", **dense)(inputs)
+        if penalty is not None:
+            hidden = _add_loss_layer(penalty)()(hidden)
         model = OwnStep(inputs, keras.layers.Dense(1)(hidden))
         model.tracker = keras.metrics.Mean(name="loss")
-        model.compile(optimizer=_optimizer())
+        model.compile(optimizer=_optimizer(), loss=loss)
         return _weights(model)
 
     return make
 
 
-def _step_mean(per_example, prediction, model):
+def _step_mean(per_example, prediction, model, y):
     from keras import ops
 
     return ops.mean(per_example)
 
 
-def _step_sum(per_example, prediction, model):
+def _step_sum(per_example, prediction, model, y):
     from keras import ops
 
     return ops.sum(per_example)
 
 
-def _step_vector(per_example, prediction, model):
+def _step_vector(per_example, prediction, model, y):
     return per_example
 
 
-def _step_mixed(per_example, prediction, model):
+def _step_mixed(per_example, prediction, model, y):
     from keras import ops
 
     return ops.mean(per_example) + RATE * ops.sum(ops.square(prediction))
 
 
-def _step_global_recipe(per_example, prediction, model):
+def _step_global_recipe(per_example, prediction, model, y):
     # TensorFlow's custom-loop recipe: a sum divided by the global batch size
     from keras import ops
 
     return ops.sum(per_example) / BATCH
 
 
-def _step_dynamic_mean(per_example, prediction, model):
+def _step_dynamic_mean(per_example, prediction, model, y):
     # a mean written as a sum divided by the batch's own size
     from keras import ops
 
     return ops.sum(per_example) / ops.cast(ops.shape(per_example)[0], "float32")
+
+
+def _step_compute_loss(per_example, prediction, model, y):
+    # keras.io's "Customizing what happens in fit()": the compiled loss and add_loss terms
+    return model.compute_loss(y=y, y_pred=prediction)
+
+
+def _step_tf_recipe_with_penalties(per_example, prediction, model, y):
+    # TensorFlow's custom-loop recipe, weight penalties included
+    import tensorflow as tf
+
+    return tf.nn.compute_average_loss(per_example) + tf.nn.scale_regularization_loss(
+        tf.add_n(model.losses)
+    )
 
 
 def _forms():
@@ -231,6 +252,12 @@ def _forms():
         "train_step mean + sum": _own_step(_step_mixed),
         "train_step sum / global batch": _own_step(_step_global_recipe),
         "train_step sum / batch size": _own_step(_step_dynamic_mean),
+        "train_step compute_loss with add_loss sum": _own_step(
+            _step_compute_loss, penalty="sum", loss="mse"
+        ),
+        "train_step TF recipe with kernel_regularizer": _own_step(
+            _step_tf_recipe_with_penalties, kernel_regularizer=keras.regularizers.L2(RATE)
+        ),
     }
 
 
@@ -254,6 +281,8 @@ NAMES = (
     "train_step mean + sum",
     "train_step sum / global batch",
     "train_step sum / batch size",
+    "train_step compute_loss with add_loss sum",
+    "train_step TF recipe with kernel_regularizer",
 )
 
 #: Forms trained with `sample_weights`.

@@ -227,6 +227,8 @@ ALONE = {
     "one_device_reduction": ("compiled sum_over_batch_size", "weights"),
     "one_device_step": ("train_step mean", "weights"),
     "one_device_tape": ("train_step vector", "weights"),
+    "one_device_additional_loss": ("train_step compute_loss with add_loss sum", "loss"),
+    "one_device_regularization_loss": ("train_step TF recipe with kernel_regularizer", "loss"),
 }
 
 
@@ -344,6 +346,12 @@ TABLE_ROWS = {
     "your own `train_step`: `tape.gradient` of `ops.mean(...) + ": ("train_step mean + sum",),
     "your own `train_step`: `tape.gradient` of `ops.sum(...) / global": (
         "train_step sum / global batch",
+    ),
+    "your own `train_step`: `tape.gradient` of `self.compute_loss(...)`": (
+        "train_step compute_loss with add_loss sum",
+    ),
+    "your own `train_step`: `tape.gradient` of `tf.nn.compute_average_loss(...) + ": (
+        "train_step TF recipe with kernel_regularizer",
     ),
 }
 

@@ -195,8 +195,6 @@ SHARED_CANARY_YET: tuple[str, ...] = (
     "chief_csv_rows",
     "chief_model_export",
     "keras_distribution_devices",
-    "one_device_additional_loss",
-    "one_device_regularization_loss",
 )
 
 

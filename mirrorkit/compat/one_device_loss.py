@@ -164,11 +164,11 @@ TESTS = (
 ALONE = "tests/test_loss_forms.py::test_a_loss_repair_taken_off_alone_fails_as_keras_does_upstream"
 
 
-def _repair(name: str, module: str, target: str, replacement, canary: str | None = ALONE) -> Repair:
+def _repair(name: str, module: str, target: str, replacement, canary: str = ALONE) -> Repair:
     """One repair of this family, with its own canary.
 
-    `canary`: `ALONE` (its case of that test, named after it), another upstream test's node
-    id, or None (it shares the family's canaries).
+    `canary`: `ALONE` (its case of that test, named after it) or another upstream test's
+    node id.
     """
     return Repair(
         name=name,
@@ -178,7 +178,7 @@ def _repair(name: str, module: str, target: str, replacement, canary: str | None
         replacement=replacement,
         applies_to=spans_replicas,
         account=_ACCOUNT,
-        tests=TESTS if canary is None else (_canary_case(canary, name), *TESTS),
+        tests=(_canary_case(canary, name), *TESTS),
     )
 
 
@@ -206,6 +206,5 @@ REPAIRS = (
         "tensorflow",
         "nn.scale_regularization_loss",
         _regularization_as_one_device,
-        canary=None,  # taken off alone, no failure found yet: it shares the family's canaries
-    ),  # fmt: skip
+    ),
 )

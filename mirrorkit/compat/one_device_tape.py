@@ -244,8 +244,8 @@ TESTS = (
 )
 
 
-def _repair(name: str, module: str, target: str, replacement, alone: bool = True) -> Repair:
-    """One repair of this family; `alone`: it has its own case of the canary.
+def _repair(name: str, module: str, target: str, replacement) -> Repair:
+    """One repair of this family, with its own case of the loss repairs' canary.
 
     That canary takes one loss repair off alone (`mirrorkit.compat.one_device_loss.ALONE`).
     """
@@ -257,7 +257,7 @@ def _repair(name: str, module: str, target: str, replacement, alone: bool = True
         replacement=replacement,
         applies_to=spans_replicas,
         account=_ACCOUNT,
-        tests=(f"{one_device_loss.ALONE}[{name}]", *TESTS) if alone else TESTS,
+        tests=(f"{one_device_loss.ALONE}[{name}]", *TESTS),
     )
 
 
@@ -270,7 +270,6 @@ REPAIRS = (
         _TRAINER,
         "TensorFlowTrainer._aggregate_additional_loss",
         _additional_as_one_device,
-        alone=False,  # taken off alone, no failure found: the tape and compute_loss cover it
     ),
     _repair(
         "one_device_compute_loss",

@@ -6,8 +6,8 @@ the workers: TensorBoard, CSVLogger, progress bars at ``verbose=1``, 2 and
 ``"auto"``, EarlyStopping and ReduceLROnPlateau on a value that differs
 between the workers, TerminateOnNaN on ``step_logs="local"`` losses where one
 worker's own data holds a NaN, a user callback that stops one worker only,
-and ``model.save``/``save_weights``/``export`` and an ``ExportArchive``'s
-``write_out`` on every worker. A second
+and ``model.save``/``save_weights``/``export`` (a SavedModel, and a LiteRT file where
+Keras exports one) and an ``ExportArchive``'s ``write_out`` on every worker. A second
 launch runs the same script with the repairs taken away (``docs/compat.md``,
 "Logs written by every worker" and the sections after it) and checks that
 plain Keras writes twice and hangs.
@@ -117,6 +117,13 @@ archive.track(model)
 archive.add_endpoint("predict", model.call,
                      input_signature=[tf.TensorSpec((None, 4), tf.float32)])
 archive.write_out(os.path.join(out, f"archive-w{rank}"), verbose=False)
+try:  # a LiteRT file: Keras converts the SavedModel it writes inside the export
+    model.export(os.path.join(out, f"lite-w{rank}.tflite"), format="litert", verbose=False)
+    result["litert"] = True
+except ValueError as error:  # a Keras without LiteRT export
+    if "Unrecognized format" not in str(error):
+        raise
+    result["litert"] = False
 save_result()
 
 # 2. TerminateOnNaN on each worker's own loss; worker 1's own data has a NaN at step 3.
@@ -202,6 +209,7 @@ def test_keras_callbacks_act_once_and_stop_together_on_two_workers(tmp_path):
     assert sorted(p.name for p in out.glob("*-w*")) == [
         "archive-w0",
         "export-w0",
+        *(["lite-w0.tflite"] if first["litert"] else []),
         "model-w0.keras",
     ]
     assert sorted(p.name for p in out.glob("w*.weights.h5")) == ["w0.weights.h5"]

@@ -19,11 +19,15 @@ which needs storage every worker sees and the chief to have finished writing
 SavedModel Keras writes goes through it, so ``keras.export.ExportArchive.write_out``
 (a SavedModel with endpoints of your own), which ``Model.export`` reaches inside
 Keras but a script may call directly, is written once too, and so is
-``tf.saved_model.save(model, path)`` in TensorFlow's own style.
+``tf.saved_model.save(model, path)`` in TensorFlow's own style. Inside a non-chief's
+``model.save``/``save_weights``/``export``, already sent whole to a temporary path, a
+SavedModel is written where Keras asks: ``export(format="litert")`` converts the SavedModel
+it has just written.
 """
 
 from __future__ import annotations
 
+import contextvars
 import functools
 import os
 import shutil
@@ -34,6 +38,11 @@ from mirrorkit.compat._multi_worker import multi_worker_repair
 from mirrorkit.compat.chief_logs import multi_worker, not_chief_of
 
 _UPSTREAM = "no chief-aware saving in Keras 3"
+
+#: Set while a non-chief worker's whole ``model.save``/``save_weights``/``export`` goes to a
+#: temporary path: a SavedModel written inside it stays where the save puts it, since Keras
+#: may read it back (``export(format="litert")`` converts the SavedModel it has just written).
+_WHOLE_SAVE_IS_TEMPORARY = contextvars.ContextVar("whole_save_is_temporary", default=False)
 
 
 def _to_temporary_path(original):
@@ -50,9 +59,11 @@ def _to_temporary_path(original):
             return original(self, filepath, *args, **kwargs)
         directory = tempfile.mkdtemp(prefix="mirrorkit-save-")
         name = os.path.basename(os.path.normpath(os.fspath(filepath))) or "model"
+        inside = _WHOLE_SAVE_IS_TEMPORARY.set(True)
         try:
             return original(self, os.path.join(directory, name), *args, **kwargs)
         finally:
+            _WHOLE_SAVE_IS_TEMPORARY.reset(inside)
             shutil.rmtree(directory, ignore_errors=True)
 
     return save
@@ -67,7 +78,7 @@ def _saved_model_to_temporary_path(original):
             "workers that are not the chief writes to a temporary path that is then removed; "
             "only the chief's SavedModel is kept (docs: compat/#saving-from-every-worker)",
         )
-        if chief.is_chief():
+        if chief.is_chief() or _WHOLE_SAVE_IS_TEMPORARY.get():
             return original(obj, export_dir, *args, **kwargs)
         directory = tempfile.mkdtemp(prefix="mirrorkit-saved-model-")
         try:
@@ -115,6 +126,7 @@ REPAIRS = (
         module="keras",
         account=_ACCOUNT,
         tests=_TESTS,
+        own_canary=True,
     ),
     # Importing tensorflow.saved_model rebinds `tf.saved_model` to this module, the one
     # Keras's export code and user scripts then reach as tf.saved_model.save.

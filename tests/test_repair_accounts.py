@@ -177,25 +177,10 @@ def test_every_repair_of_an_upstream_bug_knows_when_it_is_no_longer_needed():
     )
 
 
-#: Repairs of an upstream bug without a canary of their own yet, which share their family's:
-#: taken off alone, the agreed stops and ``chief_csv_rows`` hang or crash one worker (a case of
-#: the one-launch canary cannot hold them), ``keras_distribution_devices`` needs 2 workers,
-#: and ``chief_backup_cleanup``, ``chief_checkpoint_save``, ``chief_model_export``,
-#: ``one_device_additional_loss`` and ``one_device_regularization_loss`` show no failure yet
-#: found: another repair covers what they repair (``Model.save``/``save_weights``,
-#: ``tf.saved_model.save``, the tape and ``compute_loss`` repairs). This list only shrinks:
-#: give a repair an ``upstream`` test (or a case of one) that takes it off alone and that no
-#: other repair names, or retire it.
-SHARED_CANARY_YET: tuple[str, ...] = (
-    "agreed_stop_batch",
-    "agreed_stop_begin",
-    "agreed_stop_epoch",
-    "chief_backup_cleanup",
-    "chief_checkpoint_save",
-    "chief_csv_rows",
-    "chief_model_export",
-    "keras_distribution_devices",
-)
+#: Repairs of an upstream bug without a canary of their own yet, which share their family's.
+#: This list only shrinks: give a repair an ``upstream`` test (or a case of one) that takes it
+#: off alone and that no other repair names, or retire it.
+SHARED_CANARY_YET: tuple[str, ...] = ()
 
 
 def _own_canaries(repair) -> list[str]:

@@ -190,6 +190,7 @@ REPAIRS = (
         _on_train_begin,
         account=_ACCOUNT,
         tests=_TESTS,
+        own_canary=True,
     ),
     multi_worker_repair(
         "agreed_stop_batch",
@@ -198,6 +199,7 @@ REPAIRS = (
         _on_train_batch_end,
         account=_ACCOUNT,
         tests=_TESTS,
+        own_canary=True,
     ),
     multi_worker_repair(
         "agreed_stop_epoch",
@@ -206,5 +208,6 @@ REPAIRS = (
         _on_epoch_end,
         account=_ACCOUNT,
         tests=_TESTS,
+        own_canary=True,
     ),
 )

@@ -69,6 +69,7 @@ REPAIRS = (
         module=_MODULE_BACKUP,
         account=_ACCOUNT,
         tests=_TESTS,
+        own_canary=True,
     ),
     multi_worker_repair(
         "chief_checkpoint_save",
@@ -78,5 +79,6 @@ REPAIRS = (
         module=_MODULE_CHECKPOINT,
         account=_ACCOUNT,
         tests=_TESTS,
+        own_canary=True,
     ),
 )

@@ -168,6 +168,7 @@ REPAIRS = (
         _chief_only,
         account=_ACCOUNT,
         tests=_TESTS,
+        own_canary=True,
     ),
     # Keras 3.10's on_train_end closes a file on_train_begin never opened here.
     multi_worker_repair(

@@ -29,6 +29,7 @@ import tensorflow as tf
 
 from mirrorkit.cluster import chief, cluster_info, workers
 from mirrorkit.cluster.workers import every_strategy
+from mirrorkit.compat._multi_worker import OWN_CANARY
 from mirrorkit.patching.repair import Repair
 
 _LIB = "keras.src.distribution.distribution_lib"
@@ -203,13 +204,14 @@ PUBLIC_NAME = Repair(
 
 DEVICES = Repair(
     name="keras_distribution_devices",
-    upstream="Keras's TensorFlow list_devices lists one worker's devices",
+    upstream="Keras's TensorFlow list_devices names one worker's devices, the same on each",
     module=_BACKEND_LIB,
     target="list_devices",
     replacement=_global_devices,
     applies_to=every_strategy,
     account="keras-3-distribution-code",
-    tests=_TESTS,
+    # its canary: the case of the 2-worker canary that takes it off alone
+    tests=(f"{OWN_CANARY}[keras_distribution_devices]", *_TESTS),
     applied_when="when Keras is imported",
 )
 

@@ -92,6 +92,11 @@ def _conditions(repair) -> list[str]:
         found.append(f"once `{repair.package}` is imported, before or after mirrorkit")
     if repair.applied_when:
         found.append(repair.applied_when)
+    if repair.fits_before:
+        found.append(
+            f"off from Keras {repair.fits_before}, which it does not fit yet: the bug is "
+            "still there"
+        )
     if repair.fixed_in:
         found.append(f"steps aside from Keras {repair.fixed_in}, which fixed it")
     elif repair.checks_keras:

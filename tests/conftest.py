@@ -340,12 +340,18 @@ def canary_summary(stats) -> list[str]:
         for name in checked
         if catalogue.named(name).fixed_upstream or not catalogue.named(name).needed()
     }
+    unfit = sorted(name for name in checked - aside if not catalogue.named(name).fits)
     needed = sorted(checked - aside)
     retiring = ", ".join(f"{name} ({canary})" for name, canary in sorted(retire.items()))
     lines = [
         f"{len(canaries)} canaries ran on TensorFlow {tf.__version__} / Keras "
         f"{keras.__version__}: {len(needed)} repairs still needed ({', '.join(needed)})"
     ]
+    if unfit:
+        lines.append(
+            f"still needed, but off on this Keras, which the replacement does not fit yet: "
+            f"{', '.join(unfit)}"
+        )
     if aside:
         lines.append(f"already stepping aside on this Keras: {', '.join(sorted(aside))}")
     return [*lines, f"retire now: {retiring or 'none'}"]

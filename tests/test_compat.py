@@ -615,7 +615,7 @@ def test_per_output_loss_metrics_weigh_by_the_static_batch_upstream():
     y = {name: rng.normal(size=(7, 1)).astype("float32") for name in ("a", "b")}
     data = tf.data.Dataset.from_tensor_slices((x, y)).batch(4)  # 4, then 3: split 2 + 1
     one = mk.build(_two_outputs, one_device).evaluate(data, return_dict=True, verbose=0)
-    if per_output_loss.REPAIR.needed():  # Keras 3.16 (nightly): it stays off there, unfitting
+    if per_output_loss.REPAIR.fits:  # Keras 3.16 (nightly): it stays off there, unfitting
         repaired = mk.build(_two_outputs, replicas).evaluate(data, return_dict=True, verbose=0)
         assert repaired == pytest.approx(one, rel=1e-5)
     per_output_loss.REPAIR.remove()

@@ -181,7 +181,7 @@ def describe() -> list[dict[str, str]]:
         elif repair.feature:
             applies = f"mirrorkit's own, with mk.strategy() or compat.enable: {repair.feature}"
         elif repair.checks_keras:
-            applies = f"Keras {keras.__version__} still has the bug (its canary read the code)"
+            applies = f"Keras {keras.__version__} still has the bug (mirrorkit checks its code)"
         else:
             applies = f"every Keras mirrorkit supports (now {keras.__version__})"
         if not repair.in_place:  # read from the attribute itself

@@ -16,7 +16,6 @@ from __future__ import annotations
 import keras
 import tensorflow as tf
 
-from mirrorkit import versions
 from mirrorkit.cluster.workers import spans_replicas
 from mirrorkit.patching import instance
 from mirrorkit.patching.repair import Repair
@@ -67,17 +66,6 @@ def _replacement(original):
     return call
 
 
-def _before_keras_3_16() -> bool:
-    """Whether the replacement fits this Keras: up to 3.15.
-
-    Keras 3.16's ``CompileLoss.call`` calls each metric in another way, and the replacement's
-    all-reduce then makes the replicas' ``merge_call`` counts differ; there the repair stays
-    off and each output's loss metric on an unevenly split batch still differs from one
-    device's, as in plain Keras (its canary shows it).
-    """
-    return versions.parse(keras.__version__) < (3, 16)
-
-
 REPAIR = Repair(
     name="per_output_loss",
     upstream="CompileLoss weighs each output's loss metric by the static batch size",
@@ -85,7 +73,11 @@ REPAIR = Repair(
     target="CompileLoss.call",
     replacement=_replacement,
     applies_to=spans_replicas,
-    needed=_before_keras_3_16,
+    # Keras 3.16's CompileLoss.call calls each metric in another way, and the replacement's
+    # all-reduce then makes the replicas' merge_call counts differ: there it stays off, and
+    # each output's loss metric on an unevenly split batch differs from one device's, as in
+    # plain Keras (its canary shows the bug is still there).
+    fits_before="3.16.0",
     account="per-output-loss-metrics-on-an-unevenly-split-batch",
     tests=(
         "tests/test_compat.py::test_per_output_loss_metrics_weigh_by_the_static_batch_upstream",

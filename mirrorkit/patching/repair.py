@@ -79,6 +79,9 @@ class Repair:
             pair, the nightlies included), naming this repair.
         fixed_in: the first Keras release that fixed the bug (``"3.16.0"``); from it on the
             repair steps aside, as when `needed` returns False. Empty: not fixed yet.
+        fits_before: the first Keras release the replacement does not fit (``"3.16.0"``):
+            from it on the repair stays off although the bug is still there, as its account
+            says. Empty: it fits every Keras mirrorkit supports.
         feature: for a patch that repairs no upstream bug, the part of mirrorkit that needs
             it (``"mk.distribute's one iterator per fit"``); such a patch needs no canary.
         place: where its replacement goes among the repairs of the same internal: the
@@ -104,6 +107,7 @@ class Repair:
     account: str = ""
     tests: tuple[str, ...] = ()
     fixed_in: str = ""
+    fits_before: str = ""
     feature: str = ""
     place: int = 0
     when: str = WITH_ENABLE
@@ -180,6 +184,15 @@ class Repair:
 
         return _release(keras.__version__) >= _release(self.fixed_in)
 
+    @property
+    def fits(self) -> bool:
+        """Whether the replacement fits the installed Keras (before `fits_before`)."""
+        if not self.fits_before:
+            return True
+        import keras  # the installed release, read when asked (a test may pin another)
+
+        return _release(keras.__version__) < _release(self.fits_before)
+
     def apply(self) -> bool:
         """Puts the replacement in place; returns False if it already was, or is not needed.
 
@@ -187,7 +200,7 @@ class Repair:
             RuntimeError: something that is not a repair replaced the internal since another
                 repair of it was applied.
         """
-        if self.active or self.fixed_upstream or not self.needed():
+        if self.active or self.fixed_upstream or not self.fits or not self.needed():
             return False
         try:
             owner, attr = self._owner_and_attr()

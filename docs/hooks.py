@@ -88,8 +88,45 @@ on_files = CombinedEvent(_add_notebook_pages, _add_linked_files)
 SITE_REFERENCE = re.compile(r"(?<![\w/])docs:\s+((?:[a-z0-9_-]+/)+)(#[\w-]+)?")
 
 
+#: A table cell; a part of it between tags; a long word (a name, a path, an option).
+_TABLE_CELL = re.compile(r"<td(?:\s[^>]*)?>.*?</td>", re.DOTALL)
+_TAG = re.compile(r"(<[^>]+>)")
+_LONG_WORD = re.compile(r"[^\s<>]{13,}")
+#: Where a long word may break in a narrow column: after these, never mid-name.
+_WORD_BREAKS = re.compile(r"(?<=[_./=,])(?=[^_./=,])")
+#: A command-line option (``--hang-timeout``): kept whole, not broken after a hyphen.
+_OPTION = re.compile(r"(?<![\w-])--[\w][\w-]*")
+
+
+def break_table_words(html: str) -> str:
+    """Lets a long word in a table cell break after ``_ . / = ,`` (``BAD_<wbr>ARGUMENTS``).
+
+    A narrow column then breaks a name or path where a reader splits it, not mid-name
+    (output.css lets a cell break a word elsewhere only where it is still wider than its
+    column), in code and in prose (``SLURM_STEP_TASKS_PER_NODE``); an option
+    (``--hang-timeout``) stays whole.
+    """
+
+    def word(match: re.Match) -> str:
+        return _WORD_BREAKS.sub("<wbr>", match.group(0))
+
+    def text(part: str) -> str:
+        part = _LONG_WORD.sub(word, part)
+        return _OPTION.sub(lambda option: f'<span class="option">{option.group(0)}</span>', part)
+
+    def cell(match: re.Match) -> str:
+        parts = _TAG.split(match.group(0))
+        return "".join(p if p.startswith("<") else text(p) for p in parts)
+
+    return _TABLE_CELL.sub(cell, html)
+
+
 def on_page_content(html: str, page, config, files) -> str:
-    """On the API pages, link each ``docs: PAGE/#SECTION`` a docstring names."""
+    """Long words in table cells may break at ``_ . /``, and docstrings' references link.
+
+    On the API pages, each ``docs: PAGE/#SECTION`` a docstring names is a link.
+    """
+    html = break_table_words(html)
     if not page.file.src_uri.startswith("api/"):
         return html
 

@@ -92,7 +92,7 @@ class Variable:
 
 _LAUNCHERS = "`mirrorkit launch`, `mk.launch`, `mirrorkit bench`"
 _SLURM = "Slurm (`srun`)"
-_SLURM_READER = "`mk.strategy`, `mirrorkit launch`, `mirrorkit info` (`cluster/slurm`)"
+_SLURM_READER = "`mk.strategy`, `mirrorkit launch`, `mirrorkit info`"
 
 #: The table: mirrorkit's own variables first, then what it sets of others, then what it reads.
 VARIABLES = (
@@ -125,20 +125,20 @@ VARIABLES = (
         MIRRORKIT_TF_STARTUP_LOGS,
         "`1`: keep TensorFlow's C++ start-up lines in worker output (dropped by default)",
         "`--tf-startup-logs` (`mirrorkit launch`, `demo`), or the user",
-        "the launcher's output filter (`launcher/tf_noise`)",
+        "the launcher's output filter",
     ),
     Variable(
         MIRRORKIT_PORT,
         "the first worker port on each node of a Slurm step (local task j: this + j)",
         "the user",
-        "`mk.strategy` and `mirrorkit launch` under Slurm (`cluster/slurm`)",
+        "`mk.strategy` and `mirrorkit launch` under Slurm",
     ),
     Variable(
         TF_CONFIG,
         "the cluster (every task's host:port) and this process's task, as JSON",
-        f"{_LAUNCHERS} (`cluster/tf_config`); `mirrorkit.flags` from `--worker_hosts`; "
+        f"{_LAUNCHERS}; `mirrorkit.flags` from `--worker_hosts`; "
         "Kubeflow, Vertex AI, SageMaker; the user",
-        "`mk.strategy`, `mirrorkit info`, the flags' checks (`cluster/cluster_info`); "
+        "`mk.strategy`, `mirrorkit info`, the flags' checks; "
         "TensorFlow; unset in `mk.check_equivalence`'s processes",
     ),
     Variable(
@@ -195,7 +195,7 @@ VARIABLES = (
         GLIBC_TUNABLES,
         "glibc's tunables: one for glibc.malloc keeps the launcher's MALLOC_* settings off",
         "the user",
-        "the launcher (`launcher/allocator`); glibc",
+        "the launcher; glibc",
     ),
     Variable(
         PYTHONUNBUFFERED,
@@ -213,7 +213,7 @@ VARIABLES = (
         CUDA_VISIBLE_DEVICES,
         "the GPUs a process sees: empty for the CPU-only measuring processes",
         "`mk.plan_memory`, `mk.check_equivalence` (their processes); Slurm; the user",
-        "TensorFlow; the Slurm GPU-share error quotes it (`cluster/slurm`)",
+        "TensorFlow; the Slurm GPU-share error quotes it",
     ),
     Variable(
         KERAS_BACKEND,
@@ -276,31 +276,31 @@ VARIABLES = (
         SLURM_GPUS_PER_TASK,
         "GPUs bound to each task: set, a task trains on the GPUs it sees",
         _SLURM,
-        "`mk.strategy` (`cluster/slurm`)",
+        "`mk.strategy`",
     ),
     Variable(
         SLURM_GPU_BIND,
         "GPU binding: other than `none`, a task trains on the GPUs it sees",
         _SLURM,
-        "`mk.strategy` (`cluster/slurm`)",
+        "`mk.strategy`",
     ),
     Variable(
         SM_HOSTS,
         "SageMaker's hosts, as JSON: several without TF_CONFIG get the estimator switch",
         "SageMaker",
-        "`mk.strategy`, `mirrorkit info` (`cluster/platforms`)",
+        "`mk.strategy`, `mirrorkit info`",
     ),
     Variable(
         SM_CURRENT_HOST,
         "this SageMaker host (the first one says the notice)",
         "SageMaker",
-        "`mk.strategy`, `mirrorkit info` (`cluster/platforms`)",
+        "`mk.strategy`, `mirrorkit info`",
     ),
     Variable(
         TF_USE_LEGACY_KERAS,
         "a true value asks TensorFlow for Keras 2: mirrorkit keeps Keras 3, says so once on "
         "the chief, and leaves the variable",
         "Ray Train; the user",
-        "`mk.strategy` (`cluster/legacy_keras`)",
+        "`mk.strategy`",
     ),
 )

@@ -36,7 +36,10 @@ LAB_NOTEBOOK = {
     "a test file or test": re.compile(r"\btests/|\btest_\w+\.py\b|::test_\w+|\btest_[a-z]\w*\("),
     "a machine's load": re.compile(r"load average|\b\d+-core\b", re.I),
     '"said once"': re.compile(r"\bsaid once\b", re.I),
+    "an undated run": re.compile(r"\bearlier runs?\b|\bruns? by hand\b", re.I),
 }
+#: Benchmarks gives each figure with its command and date: no undated run there either.
+UNDATED = LAB_NOTEBOOK["an undated run"]
 
 _ITEM = re.compile(r"^\s*(?:[-*+]|\d+\.)\s+")
 _ADMONITION = re.compile(r'^\s*(?:!!!|\?\?\?\+?)\s*\w+(?:\s+"(?P<title>[^"]*)")?\s*$')
@@ -159,6 +162,8 @@ def test_user_pages_name_no_tests_no_load_and_quote_what_users_see():
         for what, pattern in LAB_NOTEBOOK.items():
             for match in pattern.finditer(markdown):
                 found.append(f"{name}: {what}: {match.group(0)!r}")
+    benchmarks = (DOCS / "benchmarks.md").read_text()
+    found += [f"benchmarks.md: an undated run: {m[0]!r}" for m in UNDATED.finditer(benchmarks)]
     assert not found, "move these to Benchmarks or Development, or quote the output:\n" + (
         "\n".join(found)
     )

@@ -150,10 +150,6 @@ def _replicas_and_rank():
     return strategy.num_replicas_in_sync, mk.describe().worker_index, mk.is_chief()
 
 
-def test_mk_launch_returns_the_chiefs_value():
-    assert mk.launch(_replicas_and_rank, num_workers=2, timeout_s=120) == (2, 0, True)
-
-
 def _raise_on_worker_one():
     import mirrorkit as mk
 
@@ -164,11 +160,14 @@ def _raise_on_worker_one():
     time.sleep(60)
 
 
-def test_mk_launch_raises_with_the_failing_workers_traceback():
+def test_mk_launch_raises_with_the_failing_workers_traceback_and_a_cell_run_again_runs_anew():
     with pytest.raises(WorkerError) as err:
         mk.launch(_raise_on_worker_one, num_workers=2, timeout_s=60)
     assert err.value.worker == 1
     assert "KeyError: 'missing on worker 1'" in str(err.value)
+    # the notebook's cell run again (docs: notebook/#running-a-cell-again): a fresh job, whose
+    # chief's value comes back
+    assert mk.launch(_replicas_and_rank, num_workers=2, timeout_s=120) == (2, 0, True)
 
 
 REPORT_CPUS = """

@@ -116,7 +116,7 @@ def verdict(
                 f"dispatch-bound: {dispatch_share:.0%} of each step is the strategy's own work "
                 f"around the replicas' steps (compute share {compute_share:.2f}, all-reduce "
                 f"share {communication_share:.2f}); give each replica more work a step (a larger "
-                "per-replica batch), or fewer replicas to so small a step"
+                "per-replica batch), or use fewer replicas for so small a model"
             )
     elif compute_share is not None and compute_share < COMMUNICATION_BOUND_SHARE:
         return (

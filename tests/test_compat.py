@@ -33,12 +33,13 @@ def test_enable_is_idempotent_and_disable_restores():
     original = trainer.reduce_per_replica
     everything = [repair.name for repair in compat.REPAIRS]
     assert len(set(everything)) == len(everything), everything
-    # A repair whose bug this Keras has fixed steps aside (python_logs on Keras 3.15), and
+    # A repair whose bug this Keras has fixed steps aside (python_logs on Keras 3.15), one whose
+    # replacement does not fit this Keras stays off (per_output_loss on 3.16), and
     # keras_hub_inputs waits for keras-hub to be imported; the first-use ones wait for theirs.
     needed = [
         repair.name
         for repair in compat.REPAIRS
-        if repair.when == WITH_ENABLE and repair.needed() and not repair.fixed_upstream
+        if repair.when == WITH_ENABLE and repair.wanted_here
     ]
     assert compat.enable() == needed
     patched = trainer.reduce_per_replica
@@ -186,17 +187,13 @@ def _applied_per_the_page(rows: int) -> list[str]:
 
     The table is made from each repair's ``applies_to`` (docs/repair_tables.py): this checks
     that the label it gives each is what a strategy really gets. A repair waiting for its package
-    (keras-hub, keras-tuner) or one whose bug this Keras has fixed is left out, as `enable`
-    leaves it out.
+    (keras-hub, keras-tuner), or one this Keras does not want (`Repair.wanted_here`), is left
+    out, as `enable` leaves it out.
     """
     table = tables().strategies_table()
     cells = [row.split(" | ")[1] for row in table.splitlines()[2:]][:rows]
     names = [n for cell in cells for n in re.findall(r"`([a-z_]+)`(?! is imported)", cell)]
-    return _in_order(
-        r.name
-        for r in catalogue.repairs()
-        if r.name in names and r.needed() and not r.fixed_upstream
-    )
+    return _in_order(r.name for r in catalogue.repairs() if r.name in names and r.wanted_here)
 
 
 def test_strategy_applies_what_the_repairs_page_says():

@@ -193,6 +193,15 @@ class Repair:
 
         return _release(keras.__version__) < _release(self.fits_before)
 
+    @property
+    def wanted_here(self) -> bool:
+        """Whether `apply` puts it in place on the installed Keras.
+
+        It does when the bug is not fixed there (`fixed_in`), the replacement fits it
+        (`fits_before`), and `needed` says so.
+        """
+        return not self.fixed_upstream and self.fits and self.needed()
+
     def apply(self) -> bool:
         """Puts the replacement in place; returns False if it already was, or is not needed.
 
@@ -200,7 +209,7 @@ class Repair:
             RuntimeError: something that is not a repair replaced the internal since another
                 repair of it was applied.
         """
-        if self.active or self.fixed_upstream or not self.fits or not self.needed():
+        if self.active or not self.wanted_here:
             return False
         try:
             owner, attr = self._owner_and_attr()

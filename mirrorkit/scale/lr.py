@@ -99,7 +99,7 @@ def scale_learning_rate(
 class WarmUp(keras.optimizers.schedules.LearningRateSchedule):
     """Ramps the learning rate up linearly, then follows a rate or schedule.
 
-    At optimizer step ``s`` it returns ``start + (target(s) - start) *
+    At step ``s`` (``optimizer.iterations``) it returns ``start + (target(s) - start) *
     s / warmup_steps`` while ``s < warmup_steps``, and ``target(s)`` after,
     where ``target`` is the constant rate or the user's schedule, evaluated
     at the same absolute step (so a schedule's milestones keep their
@@ -109,7 +109,9 @@ class WarmUp(keras.optimizers.schedules.LearningRateSchedule):
     Args:
         after: a learning rate (float) or a Keras `LearningRateSchedule` to
             follow once warmed up.
-        warmup_steps: the number of optimizer steps to ramp over (>= 1).
+        warmup_steps: the number of steps to ramp over (>= 1), counted as Keras counts
+            ``optimizer.iterations``: with ``gradient_accumulation_steps=K``, K per
+            update of the weights.
         initial_learning_rate: the rate at step 0 (default 0.0).
         name: an optional name.
         say: say the warm-up once on the chief (default True).

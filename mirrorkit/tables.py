@@ -12,8 +12,15 @@ import html
 from collections.abc import Sequence
 
 
-def columns(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+def columns(
+    headers: Sequence[str], rows: Sequence[Sequence[str]], labels_left: bool = False
+) -> str:
     """Right-aligned columns two spaces apart, the header first.
+
+    Args:
+        headers: the header of each column.
+        rows: each row's cells, as text.
+        labels_left: the first column (each row's label) aligned left.
 
     Example:
     ```python
@@ -23,9 +30,13 @@ def columns(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
     ```
     """
     widths = [max(len(h), *(len(r[j]) for r in rows)) for j, h in enumerate(headers)]
-    lines = [headers, *rows]
+
+    def aligned(j: int, cell: str) -> str:
+        return cell.ljust(widths[j]) if labels_left and j == 0 else cell.rjust(widths[j])
+
     return "\n".join(
-        "  ".join(cell.rjust(w) for cell, w in zip(line, widths, strict=True)) for line in lines
+        "  ".join(aligned(j, cell) for j, cell in enumerate(line)).rstrip()
+        for line in [headers, *rows]
     )
 
 

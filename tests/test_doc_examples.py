@@ -271,7 +271,7 @@ def test_the_throughput_page_quotes_what_its_examples_print(tmp_path, monkeypatc
     wide = _printed_by(page, "# 12.6M weights", tmp_path, monkeypatch, capfd)
     for quote, printed in [
         (quoted_block("throughput.md", "The chief prints one line per epoch"), first),
-        (quoted_block("throughput.md", "it is a table with a verdict summary under it"), first),
+        (quoted_block("throughput.md", "and a verdict summary under it:"), first),
         (quoted_block("throughput.md", "It prints:"), wide),
     ]:
         lines = [line for line in quote.lines if "-bound" not in line]

@@ -191,6 +191,28 @@ def test_a_notebooks_report_has_a_figure_per_row_and_at_most_four_epochs_as_colu
     assert "left out" not in report._repr_html_()
 
 
+def test_the_text_report_is_turned_and_fits_80_columns():
+    """print(report): a figure per row, the first and the last 4 of 12 epochs as columns."""
+    from mirrorkit.throughput.notebook_table import TEXT_EPOCHS
+    from mirrorkit.throughput.report import EpochThroughput, ThroughputReport
+
+    report = ThroughputReport(2, 1, 32)
+    report.epochs = [
+        EpochThroughput(n, 10, 1000.0 * n, 500.0, 1000.0, 0.1, 0.1, 0.1, 1.0) for n in range(1, 13)
+    ]
+    lines = str(report).splitlines()
+    assert TEXT_EPOCHS == 5 and max(len(line) for line in lines) <= 80, str(report)
+    assert lines[1].split() == ["epoch", "1", "epoch", "9", "epoch", "10", "epoch", "11"] + [
+        "epoch", "12"
+    ]  # fmt: skip
+    assert lines[2].split() == ["examples/s", "1,000.0", "9,000.0", "10,000.0", "11,000.0"] + [
+        "12,000.0"
+    ]  # fmt: skip
+    assert "epochs 2-8 are left out here: report.to_dict() has every epoch" in lines
+    report.epochs = report.epochs[:5]
+    assert "left out" not in str(report) and str(report).splitlines()[1].count("epoch") == 5
+
+
 def test_repeated_bottlenecks_are_one_line_and_others_keep_theirs():
     from mirrorkit.throughput.report import EpochThroughput, ThroughputReport
 
@@ -230,10 +252,13 @@ def test_outputs_parse_and_show_the_figures(tmp_path, capfd, clock):
     # 2 replicas, each at half the single-replica baseline's rate.
     assert saved["epochs"][0]["scaling_efficiency"] == pytest.approx(0.5, rel=1e-9)
     text = str(callback.report)
-    title, header, row, *verdicts = text.splitlines()  # one epoch: one row, then its verdicts
+    title, header, *rest = text.splitlines()  # one epoch: one column, then its verdicts
     assert title.startswith("Throughput: 2 replicas on 1 worker(s), global batch 32")
-    assert "examples/s" in header and "efficiency" in header and row.split()[0] == "1"
-    assert all(line.startswith("epoch 1: ") for line in verdicts)
+    assert header.split() == ["epoch", "1"]
+    labels = [line.split("  ")[0] for line in rest if not line.startswith("epoch 1: ")]
+    assert "examples/s" in labels and "efficiency" in labels, labels
+    verdicts = [line for line in rest if line.startswith("epoch 1: ")]
+    assert verdicts and rest[-len(verdicts) :] == verdicts
     from html.parser import HTMLParser
 
     cells = []
@@ -407,10 +432,25 @@ def check_straggler_reports(reports, slow_worker):
 
 
 #: The lines of the page's 2-worker report (epoch 1 calm, worker 1 slowed in epoch 2) that a
-#: one-epoch job prints: the calm epoch's line and table row; the slowed epoch's line, its
-#: verdict (a step that computing fills: the calm epoch's verdict on the page reads the same),
-#: row and straggler line. The report's last line sums up two epochs, which these jobs lack.
-PAGES_REPORT_LINES = {None: (0, 4, 5, 6), 1: (1, 2, 3, 4, 5, 7, 8)}
+#: one-epoch job prints: the calm epoch's line and its column of the table; the slowed epoch's
+#: line, its verdict (a step that computing fills: the calm epoch's verdict on the page reads
+#: the same), its column and its straggler line. The report's last line sums up two epochs,
+#: which these jobs lack. Per job: (lines before the table, the table's column, lines after).
+PAGES_REPORT_LINES = {None: ((0, 4), 0, ()), 1: ((1, 2, 3, 4), 1, (20,))}
+PAGES_TABLE = range(5, 20)  # the header, then a figure per row
+
+
+def _pages_report_lines(quote, slow_worker):
+    """The page's report as a one-epoch job prints it: `PAGES_REPORT_LINES`, one column."""
+    import re
+
+    before, column, after = PAGES_REPORT_LINES[slow_worker]
+    table = []
+    for i in PAGES_TABLE:
+        prefix, rest = quote.lines[i][:5], quote.lines[i][5:]  # "[w0] ", then the row
+        label, *values = re.split(r"\s{2,}", rest)
+        table.append(f"{prefix}{label}  {values[column]}".replace("[w0]   ", "[w0] "))
+    return [quote.lines[i] for i in before] + table + [quote.lines[i] for i in after]
 
 
 @pytest.mark.multiprocess
@@ -421,7 +461,7 @@ def test_straggler_is_flagged_only_when_one_worker_is_slow(slow_worker, capfd):
     reports = run_workers(fit_with_one_slow_worker, slow_worker, n=2)
     check_straggler_reports(reports, slow_worker)
     quote = quoted_block("throughput.md", "so it shows as the straggler:")
-    lines = [quote.lines[i] for i in PAGES_REPORT_LINES[slow_worker]]
+    lines = _pages_report_lines(quote, slow_worker)
     assert_quoted_in(Quote(lines, quote.where), capfd.readouterr().out, figures_vary=True)
 
 

@@ -1,7 +1,8 @@
-"""The throughput report as a notebook shows it: a table that fits a cell.
+"""The throughput report turned to fit: a figure per row, an epoch per column.
 
-A figure per row and an epoch per column, at most `HTML_EPOCHS` epochs (the first and the last
-ones, with a note naming the epochs left out), then the report's verdict lines.
+As a notebook shows it (`html`, at most `HTML_EPOCHS` epochs) and as ``print`` shows it
+(`text`, at most `TEXT_EPOCHS`): the first and the last epochs, with a note naming the epochs
+left out, then the report's verdict lines.
 
 Example:
 ```python
@@ -20,6 +21,24 @@ from mirrorkit import tables
 
 #: The most epochs a notebook's report shows as columns (the first, then the last ones).
 HTML_EPOCHS = 4
+#: The most epochs the text report shows as columns (the first, then the last ones), so that
+#: it fits 80 columns: a terminal's, and a docs page's box.
+TEXT_EPOCHS = 5
+
+
+def shown_epochs(count: int, most: int) -> list[int]:
+    """The indices of the epochs a turned report shows: all, or the first and the last ones.
+
+    Args:
+        count: the epochs measured.
+        most: the most epochs to show (at least 2).
+
+    Returns:
+        Every index when `count` <= `most`, else 0 and the last `most` - 1.
+    """
+    if count <= most:
+        return list(range(count))
+    return [0, *range(count - (most - 1), count)]
 
 
 def html(
@@ -41,9 +60,7 @@ def html(
     """
     if not epochs:
         return f"<div>{html_text.escape(title)}</div><div>(no epoch measured yet)</div>"
-    shown = list(range(len(epochs)))
-    if len(shown) > HTML_EPOCHS:  # the first epoch, then the last ones
-        shown = [0, *shown[len(shown) - (HTML_EPOCHS - 1) :]]
+    shown = shown_epochs(len(epochs), HTML_EPOCHS)
     table = tables.html_columns(
         ["", *(f"epoch {epochs[e]}" for e in shown)],
         [[label, *(values[e] for e in shown)] for label, values in figures],
@@ -57,3 +74,35 @@ def html(
         else ""
     )
     return table + note + "".join(f"<div>{html_text.escape(line)}</div>" for line in verdicts)
+
+
+def text(
+    title: str,
+    epochs: Sequence[int],
+    figures: Sequence[tuple[str, Sequence[str]]],
+    verdicts: Sequence[str],
+) -> str:
+    """The report as ``print`` shows it: the same turned table as `html`, as text.
+
+    Args:
+        title: the report's first line.
+        epochs: the epochs measured, in order.
+        figures: each figure's label and its value per epoch (as text, one per epoch).
+        verdicts: the report's verdict lines.
+
+    Returns:
+        The title, the table (at most `TEXT_EPOCHS` epochs), a line naming the epochs left
+        out (if any), then the verdicts.
+    """
+    if not epochs:
+        return f"{title}\n(no epoch measured yet)"
+    shown = shown_epochs(len(epochs), TEXT_EPOCHS)
+    headers = ["", *(f"epoch {epochs[e]}" for e in shown)]
+    rows = [[label, *(values[e] for e in shown)] for label, values in figures]
+    lines = [title, tables.columns(headers, rows, labels_left=True)]
+    hidden = [epochs[e] for e in range(len(epochs)) if e not in shown]
+    if hidden:
+        lines.append(
+            f"epochs {hidden[0]}-{hidden[-1]} are left out here: report.to_dict() has every epoch"
+        )
+    return "\n".join([*lines, *verdicts])

@@ -6,7 +6,6 @@ import dataclasses
 import json
 from typing import TYPE_CHECKING, Any
 
-from mirrorkit import tables
 from mirrorkit.throughput import notebook_table
 from mirrorkit.throughput.stragglers import straggler_text
 
@@ -216,18 +215,25 @@ class ThroughputReport:
         return keep
 
     def __str__(self) -> str:
-        title = (
+        """The report as text: a figure per row, an epoch per column, then the verdicts.
+
+        At most `notebook_table.TEXT_EPOCHS` epochs are columns (the first and the last ones,
+        and a line names those left out), so that the report fits 80 columns.
+        """
+        return notebook_table.text(self._title(), *self._turned(), self._verdict_lines())
+
+    def _title(self) -> str:
+        return (
             f"Throughput: {self.num_replicas} replicas on {self.num_workers} worker(s), "
             f"global batch {self.global_batch_size}"
         )
-        if not self.epochs:
-            return f"{title}\n(no epoch measured yet)"
-        keep = self._columns()
-        headers = [_COLUMNS[i][1] for i in keep]
-        rows = [[row[i] for i in keep] for row in self._rows()]
-        lines = [title, tables.columns(headers, rows)]
-        lines += self._verdict_lines()
-        return "\n".join(lines)
+
+    def _turned(self) -> tuple[list[int], list[tuple[str, list[str]]]]:
+        """The epochs, and each figure shown with its value per epoch."""
+        keep = [i for i in self._columns() if _COLUMNS[i][0] != "epoch"]
+        rows = self._rows()
+        figures = [(_COLUMNS[i][1], [row[i] for row in rows]) for i in keep]
+        return [epoch.epoch for epoch in self.epochs], figures
 
     def _verdict_lines(self) -> list[str]:
         """A line per epoch with a bottleneck to fix; the calm epochs in one line."""
@@ -281,14 +287,7 @@ class ThroughputReport:
 
     def _repr_html_(self) -> str:
         """For notebooks: a figure per row, an epoch per column, then the verdict lines."""
-        keep = [i for i in self._columns() if _COLUMNS[i][0] != "epoch"]
-        rows = self._rows()
-        return notebook_table.html(
-            str(self).splitlines()[0],
-            [epoch.epoch for epoch in self.epochs],
-            [(_COLUMNS[i][1], [row[i] for row in rows]) for i in keep],
-            self._verdict_lines(),
-        )
+        return notebook_table.html(self._title(), *self._turned(), self._verdict_lines())
 
     def plot(self, path: str | None = None) -> Figure:
         """Plots examples/s and step times per epoch with matplotlib.

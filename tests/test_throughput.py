@@ -171,8 +171,8 @@ def test_a_notebooks_report_has_a_figure_per_row_and_at_most_four_epochs_as_colu
     """The report fits a notebook's cell: turned, the first and the last 3 epochs of 12."""
     import re
 
-    from mirrorkit.throughput.notebook_table import HTML_EPOCHS
     from mirrorkit.throughput.report import EpochThroughput, ThroughputReport
+    from mirrorkit.throughput.turned_table import HTML_EPOCHS
 
     report = ThroughputReport(2, 1, 32)
     report.epochs = [
@@ -193,8 +193,8 @@ def test_a_notebooks_report_has_a_figure_per_row_and_at_most_four_epochs_as_colu
 
 def test_the_text_report_is_turned_and_fits_80_columns():
     """print(report): a figure per row, the first and the last 4 of 12 epochs as columns."""
-    from mirrorkit.throughput.notebook_table import TEXT_EPOCHS
     from mirrorkit.throughput.report import EpochThroughput, ThroughputReport
+    from mirrorkit.throughput.turned_table import TEXT_EPOCHS
 
     report = ThroughputReport(2, 1, 32)
     report.epochs = [

@@ -6,7 +6,7 @@ import dataclasses
 import json
 from typing import TYPE_CHECKING, Any
 
-from mirrorkit.throughput import notebook_table
+from mirrorkit.throughput import turned_table
 from mirrorkit.throughput.stragglers import straggler_text
 
 if TYPE_CHECKING:
@@ -217,10 +217,10 @@ class ThroughputReport:
     def __str__(self) -> str:
         """The report as text: a figure per row, an epoch per column, then the verdicts.
 
-        At most `notebook_table.TEXT_EPOCHS` epochs are columns (the first and the last ones,
+        At most `turned_table.TEXT_EPOCHS` epochs are columns (the first and the last ones,
         and a line names those left out), so that the report fits 80 columns.
         """
-        return notebook_table.text(self._title(), *self._turned(), self._verdict_lines())
+        return turned_table.text(self._title(), *self._turned(), self._verdict_lines())
 
     def _title(self) -> str:
         return (
@@ -287,7 +287,7 @@ class ThroughputReport:
 
     def _repr_html_(self) -> str:
         """For notebooks: a figure per row, an epoch per column, then the verdict lines."""
-        return notebook_table.html(self._title(), *self._turned(), self._verdict_lines())
+        return turned_table.html(self._title(), *self._turned(), self._verdict_lines())
 
     def plot(self, path: str | None = None) -> Figure:
         """Plots examples/s and step times per epoch with matplotlib.

@@ -6,9 +6,9 @@ left out, then the report's verdict lines.
 
 Example:
 ```python
-from mirrorkit.throughput import notebook_table
+from mirrorkit.throughput import turned_table
 
-print(notebook_table.html("Throughput", [1, 2], [("examples/s", ["10.0", "12.0"])], []))
+print(turned_table.html("Throughput", [1, 2], [("examples/s", ["10.0", "12.0"])], []))
 ```
 """
 

@@ -26,19 +26,25 @@ HTML_EPOCHS = 4
 TEXT_EPOCHS = 5
 
 
-def shown_epochs(count: int, most: int) -> list[int]:
-    """The indices of the epochs a turned report shows: all, or the first and the last ones.
+def _turned(
+    epochs: Sequence[int], figures: Sequence[tuple[str, Sequence[str]]], most: int
+) -> tuple[list[str], list[list[str]], str]:
+    """The table's headers and rows, at most `most` epochs, and the note on those left out.
 
-    Args:
-        count: the epochs measured.
-        most: the most epochs to show (at least 2).
-
-    Returns:
-        Every index when `count` <= `most`, else 0 and the last `most` - 1.
+    All the epochs, or the first and the last `most` - 1; the note is empty when none is
+    left out.
     """
-    if count <= most:
-        return list(range(count))
-    return [0, *range(count - (most - 1), count)]
+    count = len(epochs)
+    shown = list(range(count)) if count <= most else [0, *range(count - (most - 1), count)]
+    headers = ["", *(f"epoch {epochs[e]}" for e in shown)]
+    rows = [[label, *(values[e] for e in shown)] for label, values in figures]
+    hidden = [epochs[e] for e in range(count) if e not in shown]
+    note = (
+        f"epochs {hidden[0]}-{hidden[-1]} are left out here: report.to_dict() has every epoch"
+        if hidden
+        else ""
+    )
+    return headers, rows, note
 
 
 def html(
@@ -60,20 +66,10 @@ def html(
     """
     if not epochs:
         return f"<div>{html_text.escape(title)}</div><div>(no epoch measured yet)</div>"
-    shown = shown_epochs(len(epochs), HTML_EPOCHS)
-    table = tables.html_columns(
-        ["", *(f"epoch {epochs[e]}" for e in shown)],
-        [[label, *(values[e] for e in shown)] for label, values in figures],
-        caption=title,
-    )
-    hidden = [epochs[e] for e in range(len(epochs)) if e not in shown]
-    note = (
-        f"<div>epochs {hidden[0]}-{hidden[-1]} are left out here: report.to_dict() has every "
-        "epoch</div>"
-        if hidden
-        else ""
-    )
-    return table + note + "".join(f"<div>{html_text.escape(line)}</div>" for line in verdicts)
+    headers, rows, note = _turned(epochs, figures, HTML_EPOCHS)
+    lines = [note, *verdicts] if note else verdicts
+    table = tables.html_columns(headers, rows, caption=title)
+    return table + "".join(f"<div>{html_text.escape(line)}</div>" for line in lines)
 
 
 def text(
@@ -96,13 +92,6 @@ def text(
     """
     if not epochs:
         return f"{title}\n(no epoch measured yet)"
-    shown = shown_epochs(len(epochs), TEXT_EPOCHS)
-    headers = ["", *(f"epoch {epochs[e]}" for e in shown)]
-    rows = [[label, *(values[e] for e in shown)] for label, values in figures]
-    lines = [title, tables.columns(headers, rows, labels_left=True)]
-    hidden = [epochs[e] for e in range(len(epochs)) if e not in shown]
-    if hidden:
-        lines.append(
-            f"epochs {hidden[0]}-{hidden[-1]} are left out here: report.to_dict() has every epoch"
-        )
-    return "\n".join([*lines, *verdicts])
+    headers, rows, note = _turned(epochs, figures, TEXT_EPOCHS)
+    table = tables.columns(headers, rows, labels_left=True)
+    return "\n".join([title, table, *([note] if note else []), *verdicts])
